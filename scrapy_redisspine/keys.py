@@ -1,0 +1,122 @@
+"""Every Redis key of a crawl, built in one place.
+
+All keys of one crawl share the hash tag ``{crawl id}`` so that every Lua script
+touches a single Redis Cluster slot. Scripts never build key names: they receive
+these through ``KEYS``.
+
+Key map (``P`` is the prefix, ``C`` the crawl id):
+
+=========================  ======  ==============================  =====================
+key                        type    written by                      lifetime
+=========================  ======  ==============================  =====================
+``P:{C}:queue``            ZSET    enqueue, release (scripts)      until leased
+``P:{C}:inflight``         HASH    lease, ack, release (scripts)   lease -> ack/release
+``P:{C}:leases``           ZSET    lease, ack, release (scripts)   same as ``inflight``
+``P:{C}:seq``              STRING  enqueue (script)                whole crawl
+``P:{C}:seen``             SET     enqueue (script), dupefilter    whole crawl
+``P:{C}:starts``           SET     enqueue (script)                whole crawl
+``P:{C}:dead``             HASH    bury (script)                   until re-injected
+``P:{C}:workers``          ZSET    register, heartbeat, leave      whole crawl
+``P:{C}:stats``            HASH    enqueue, lease, ack (scripts)   whole crawl
+``P:crawls``               SET     register (script)               until purged
+=========================  ======  ==============================  =====================
+
+- ``queue``: member = 15-digit order key + serialized request; score = minus the
+  request's priority. ``ZPOPMIN`` therefore yields the highest priority first and,
+  among equal priorities, the lowest order key (FIFO, or LIFO with complemented keys).
+- ``inflight``: field = order key; value = ``owner \\n score \\n queue member``, i.e.
+  everything needed to put the request back exactly as it was.
+- ``leases``: field = order key; score = lease time in milliseconds. Lets a sweep find
+  old leases in O(stale) instead of scanning ``inflight``.
+- ``seen``: raw 20-byte request fingerprints (Scrapy's fingerprinter).
+- ``starts``: raw fingerprints of start requests, so that each start request enters the
+  frontier once per crawl however many workers start, even with ``dont_filter``.
+- ``dead``: dead letters; field = order key, value = ``reason \\n score \\n member``.
+- ``workers``: worker id -> last heartbeat (ms).
+- ``stats``: fleet-wide counters (``enqueued``, ``filtered``, ``leased``, ``acked`` ...).
+- ``P:crawls`` is the one key outside a crawl's hash tag: the set of crawl ids on this
+  Redis, so tools can list crawls without ``KEYS``. Only ``register`` writes it, as a
+  separate command (never inside a multi-key script).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+_FORBIDDEN_IN_ID = "{}"
+
+
+@dataclass(frozen=True)
+class CrawlKeys:
+    """Names of all Redis keys of one crawl."""
+
+    prefix: str
+    crawl_id: str
+
+    def __post_init__(self) -> None:
+        if not self.crawl_id:
+            raise ValueError("crawl id must not be empty")
+        for char in _FORBIDDEN_IN_ID:
+            if char in self.crawl_id or char in self.prefix:
+                raise ValueError(
+                    f"crawl id {self.crawl_id!r} and prefix {self.prefix!r} must not "
+                    f"contain {char!r}: braces delimit the Redis Cluster hash tag"
+                )
+
+    def _key(self, name: str) -> str:
+        return f"{self.prefix}:{{{self.crawl_id}}}:{name}"
+
+    @property
+    def queue(self) -> str:
+        return self._key("queue")
+
+    @property
+    def inflight(self) -> str:
+        return self._key("inflight")
+
+    @property
+    def leases(self) -> str:
+        return self._key("leases")
+
+    @property
+    def seq(self) -> str:
+        return self._key("seq")
+
+    @property
+    def seen(self) -> str:
+        return self._key("seen")
+
+    @property
+    def starts(self) -> str:
+        return self._key("starts")
+
+    @property
+    def dead(self) -> str:
+        return self._key("dead")
+
+    @property
+    def workers(self) -> str:
+        return self._key("workers")
+
+    @property
+    def stats(self) -> str:
+        return self._key("stats")
+
+    @property
+    def crawls(self) -> str:
+        """The registry of crawl ids: shared by all crawls under this prefix."""
+        return f"{self.prefix}:crawls"
+
+    def all_crawl_keys(self) -> tuple[str, ...]:
+        """Every key that belongs to this crawl alone (what a flush deletes)."""
+        return (
+            self.queue,
+            self.inflight,
+            self.leases,
+            self.seq,
+            self.seen,
+            self.starts,
+            self.dead,
+            self.workers,
+            self.stats,
+        )

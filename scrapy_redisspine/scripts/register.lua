@@ -1,0 +1,31 @@
+--[[
+register: announce a worker to its crawl and, when asked, flush the crawl first,
+but only if no other worker is alive: a late-starting worker with flush-on-start
+must not wipe the queue that its peers are already working on.
+
+KEYS[1]  workers   ZSET   worker id -> last heartbeat (ms, Redis TIME)
+KEYS[2 ..]         every other key of the crawl (deleted by a flush)
+
+ARGV[1]  worker    worker id
+ARGV[2]  flush     "1" to flush, "0" not to
+ARGV[3]  alive_ms  a worker whose heartbeat is younger than this is alive
+
+Returns { flushed, alive }: flushed is 1 when the crawl was flushed; alive is the
+number of other workers alive.
+]]
+local workers = KEYS[1]
+local worker, flush, alive_ms = ARGV[1], ARGV[2], tonumber(ARGV[3])
+
+local time = redis.call("TIME")
+local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+local alive = redis.call("ZCOUNT", workers, now_ms - alive_ms, "+inf")
+if redis.call("ZSCORE", workers, worker) then
+    alive = alive - 1
+end
+local flushed = 0
+if flush == "1" and alive == 0 then
+    redis.call("DEL", unpack(KEYS))
+    flushed = 1
+end
+redis.call("ZADD", workers, now_ms, worker)
+return { flushed, alive }
