@@ -16,7 +16,7 @@ from scrapy import Request
 from scrapy.http.request import NO_CALLBACK
 from scrapy.utils.misc import load_object
 
-from scrapy_redisspine.serialization import SerializationError, Serializer
+from scrapy_redisspine.serialization import SerializationError, Serializer, loads_any
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
@@ -62,8 +62,11 @@ class RequestCodec:
         )
         self._names: dict[Any, str] = {}
 
-    def encode(self, request: Request) -> bytes:
+    def encode(self, request: Request, callback_name: str | None = None) -> bytes:
+        """``callback_name`` names the callback of a request built outside a spider."""
         data = self._to_dict(request)
+        if callback_name is not None:
+            data["callback"] = callback_name
         try:
             return self.serializer.dumps(data)
         except SerializationError as exc:
@@ -71,7 +74,7 @@ class RequestCodec:
 
     def decode(self, payload: bytes) -> Request:
         try:
-            data = self.serializer.loads(payload)
+            data = loads_any(payload)
         except SerializationError as exc:
             raise RequestDecodeError(str(exc)) from exc
         cls = self._request_class(data.pop("_class", "scrapy.http.request.Request"))

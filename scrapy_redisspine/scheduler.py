@@ -231,7 +231,9 @@ class Scheduler(BaseScheduler):
         now = time.monotonic()
         if self._outbox and not self._try_flush():
             return False
-        if now - self._last_empty_lease < self.config.idle_poll_seconds:
+        # Engine wake-ups (each enqueue, each finished download) may come far more
+        # often than work appears; after an empty lease, wait for the idle poll.
+        if now - self._last_empty_lease < self.config.idle_poll_seconds / 2:
             return False
         free = self._hooks.free_download_slots() if self._hooks else 1
         try:

@@ -83,6 +83,17 @@ class JsonSerializer:
         return data
 
 
+def loads_any(payload: bytes) -> dict[str, Any]:
+    """Decode either format: a JSON object starts with ``{``, which no msgpack map does.
+
+    So a crawl survives a change of ``REDISSPINE_SERIALIZER`` and pushes made in the
+    other format.
+    """
+    if payload[:1] == b"{":
+        return JsonSerializer().loads(payload)
+    return MsgpackSerializer().loads(payload)
+
+
 def get_serializer(name: str) -> Serializer:
     if name == "msgpack":
         return MsgpackSerializer()

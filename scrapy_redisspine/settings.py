@@ -58,8 +58,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("REDISSPINE_ENQUEUE_BATCH_SIZE", 500,
             "Requests buffered locally before they are sent in one round trip."),
     Setting("REDISSPINE_ENQUEUE_FLUSH_SECONDS", 0.05,
-            "Longest time a request enqueued outside a callback (e.g. a start "
-            "request) waits in the local buffer."),
+            "Longest time an enqueued request waits in the local buffer when no "
+            "ack sends it sooner (requests yielded by a callback go out with the "
+            "ack of the request that yielded them)."),
     Setting("REDISSPINE_IDLE_POLL_SECONDS", 0.1,
             "How often a worker with nothing to do asks Redis for work: bounds both "
             "its pick-up latency and its idle load on Redis."),

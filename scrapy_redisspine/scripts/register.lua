@@ -19,8 +19,9 @@ local worker, flush, alive_ms = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local time = redis.call("TIME")
 local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local alive = redis.call("ZCOUNT", workers, now_ms - alive_ms, "+inf")
-if redis.call("ZSCORE", workers, worker) then
-    alive = alive - 1
+local own = redis.call("ZSCORE", workers, worker)
+if own and tonumber(own) >= now_ms - alive_ms then
+    alive = alive - 1  -- this worker re-registering is not "another" worker
 end
 local flushed = 0
 if flush == "1" and alive == 0 then

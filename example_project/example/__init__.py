@@ -1,0 +1,1 @@
+"""Example Scrapy project using scrapy_redisspine."""

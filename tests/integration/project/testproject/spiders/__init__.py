@@ -1,0 +1,1 @@
+"""Spiders of the end-to-end test project."""

@@ -1,0 +1,46 @@
+"""The ``links`` spider: follow every link of the test site, one item per page.
+
+Deliberately ordinary (no plugin-specific code), because the plugin's promise is
+that spiders stay ordinary spiders. Start URLs come from ``-a start_urls=a,b`` or,
+failing that, the ``LINKS_START_URLS`` setting (a comma-separated string or list).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import scrapy
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Iterator
+
+    from scrapy.http import Response
+
+
+class LinkSpider(scrapy.Spider):
+    name = "links"
+
+    def __init__(self, start_urls: str | list[str] | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if isinstance(start_urls, str):
+            start_urls = [url.strip() for url in start_urls.split(",") if url.strip()]
+        self.start_urls = start_urls or []
+
+    async def start(self) -> AsyncIterator[scrapy.Request]:
+        urls = self.start_urls or self.settings.getlist("LINKS_START_URLS")
+        if not urls:
+            raise ValueError("no start URLs: pass -a start_urls=... or -s LINKS_START_URLS=...")
+        # Scrapy's default start requests use dont_filter=True: the plugin must still
+        # inject each only once per crawl.
+        dont_filter = self.settings.getbool("LINKS_START_DONT_FILTER")
+        for url in urls:
+            yield scrapy.Request(url, callback=self.parse, dont_filter=dont_filter)
+
+    def parse(self, response: Response, **kwargs: Any) -> Iterator[Any]:
+        yield {"url": response.url}
+        bad_page = self.settings.get("LINKS_BAD_META_PAGE")
+        if bad_page and response.url.endswith(bad_page):
+            # A request that cannot be stored: the worker must log it and go on.
+            yield response.follow("/unstorable", meta={"handle": object()})
+        for href in response.css("a::attr(href)").getall():
+            yield response.follow(href, callback=self.parse)
