@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -28,6 +30,7 @@ logger = logging.getLogger(__name__)
 
 _SOCKET_NAME = "redis.sock"
 _START_TIMEOUT_SECONDS = 10.0
+_MAX_SOCKET_PATH = 103  # sun_path is 104 bytes on macOS, 108 on Linux
 
 
 class RedisServerNotFound(RuntimeError):
@@ -126,6 +129,11 @@ def ensure_embedded_server(directory: str | os.PathLike[str], binary: str | None
     path = Path(directory).resolve()
     path.mkdir(parents=True, exist_ok=True)
     socket_path = path / _SOCKET_NAME
+    if len(str(socket_path)) > _MAX_SOCKET_PATH:
+        raise ValueError(
+            f"embedded redis-server socket path {socket_path} is longer than unix sockets "
+            f"allow ({_MAX_SOCKET_PATH} bytes); set REDISSPINE_EMBEDDED_DIR to a shorter path"
+        )
     with _locked(path):
         if _ping(socket_path):
             logger.info("joining embedded redis-server at %s", socket_path)
@@ -147,12 +155,15 @@ def shutdown_embedded_if_unused(directory: str | os.PathLike[str]) -> bool:
     with _locked(path):
         if not _ping(socket_path):
             return False
-        client = redis.Redis(unix_socket_path=str(socket_path), socket_timeout=5)
+        # No retries: the server hangs up on SHUTDOWN, and a retrying client would
+        # wait out its backoff against a server that is gone.
+        client = redis.Redis(
+            unix_socket_path=str(socket_path), socket_timeout=5, retry=Retry(NoBackoff(), 0)
+        )
         try:
-            others = [c for c in client.client_list() if c.get("cmd") not in ("client|list", "client")]
-            if others:
+            if len(client.client_list()) > 1:
                 return False
-            client.shutdown(nosave=False)
+            client.shutdown()  # AOF is on: it is flushed first
         except redis.ConnectionError:
             pass  # the server closes the connection as it shuts down
         finally:

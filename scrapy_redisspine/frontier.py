@@ -76,6 +76,7 @@ class LeaseBatch:
     leases: list[Lease]
     queued: int
     inflight: int
+    malformed: int = 0  # queue members not written by enqueue, moved to dead letters
 
 
 @dataclass(frozen=True)
@@ -113,8 +114,8 @@ class Frontier:
         names = list(EXPECTED_TYPES)
         for name in names:
             pipe.type(getattr(self.keys, name))
-        for name, found in zip(names, pipe.execute(), strict=False):
-            found = found.encode() if isinstance(found, str) else found
+        for name, reply in zip(names, pipe.execute(), strict=True):
+            found = reply.encode() if isinstance(reply, str) else reply
             if found not in (b"none", EXPECTED_TYPES[name]):
                 key = getattr(self.keys, name)
                 raise CorruptKeyError(
@@ -128,7 +129,8 @@ class Frontier:
 
         Returns (flushed, number of other live workers).
         """
-        keys = [self.keys.workers] + [k for k in self.keys.all_crawl_keys() if k != self.keys.workers]
+        others = [key for key in self.keys.all_crawl_keys() if key != self.keys.workers]
+        keys = [self.keys.workers, *others]
         flushed, alive = self._scripts["register"](
             keys=keys, args=[self.worker_id, "1" if flush else "0", alive_ms]
         )
@@ -150,7 +152,9 @@ class Frontier:
         statuses, acked = self._scripts["enqueue"](
             keys=[k.queue, k.seq, k.seen, k.starts, k.inflight, k.leases, k.stats], args=args
         )
-        return EnqueueResult(statuses.decode() if isinstance(statuses, bytes) else statuses, int(acked))
+        if isinstance(statuses, bytes):
+            statuses = statuses.decode()
+        return EnqueueResult(statuses, int(acked))
 
     def ack(self, keys: Sequence[str]) -> int:
         """Ack leases whose processing is done (with no children to queue)."""
@@ -159,14 +163,15 @@ class Frontier:
     def lease(self, count: int) -> LeaseBatch:
         """Lease up to ``count`` requests (highest priority first)."""
         k = self.keys
-        members, queued, inflight = self._scripts["lease"](
-            keys=[k.queue, k.inflight, k.leases, k.stats], args=[self.worker_id, count]
+        members, queued, inflight, malformed = self._scripts["lease"](
+            keys=[k.queue, k.inflight, k.leases, k.stats, k.dead, k.seq],
+            args=[self.worker_id, count],
         )
         leases = [
             Lease(member[:ORDER_KEY_LENGTH].decode("ascii"), member[ORDER_KEY_LENGTH:])
             for member in members
         ]
-        return LeaseBatch(leases, int(queued), int(inflight))
+        return LeaseBatch(leases, int(queued), int(inflight), int(malformed))
 
     def release(self, keys: Iterable[str]) -> int:
         """Put this worker's leases back in the queue, as they were."""
@@ -201,7 +206,10 @@ class Frontier:
         """Delete the crawl's keys if nothing is queued or in flight."""
         k = self.keys
         rest = [key for key in k.all_crawl_keys() if key not in (k.queue, k.inflight)]
-        return bool(self._scripts["purge_if_done"](keys=[k.queue, k.inflight, *rest], args=[]))
+        purged = bool(self._scripts["purge_if_done"](keys=[k.queue, k.inflight, *rest], args=[]))
+        if purged:  # a separate command: the registry lies outside the crawl's slot
+            self.client.srem(k.crawls, k.crawl_id)
+        return purged
 
     def push(self, requests: Sequence[NewRequest]) -> EnqueueResult:
         """Add requests from outside a crawl (e.g. a seeding script)."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import inspect
 from typing import TYPE_CHECKING, Any
 
-from scrapy import Request
+from scrapy import Request, Spider
 from scrapy.http.request import NO_CALLBACK
 from scrapy.utils.misc import load_object
 
@@ -21,7 +21,6 @@ from scrapy_redisspine.serialization import SerializationError, Serializer, load
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
 
-    from scrapy import Spider
 
 #: Request classes Scrapy ships; any other must be allowed by setting.
 BUILTIN_REQUEST_CLASSES = (
@@ -32,6 +31,10 @@ BUILTIN_REQUEST_CLASSES = (
 )
 
 _NO_CALLBACK_NAME = "__scrapy_no_callback__"
+
+#: What a payload may never name as a callback: scrapy.Spider's own attributes
+#: (``__init__``, ``start``, ``_set_crawler`` ...) except ``parse``.
+_SPIDER_MACHINERY = frozenset(name for name in dir(Spider) if name != "parse")
 
 
 class RequestEncodeError(ValueError):
@@ -80,16 +83,17 @@ class RequestCodec:
         cls = self._request_class(data.pop("_class", "scrapy.http.request.Request"))
         for field in ("callback", "errback"):
             data[field] = self._method(data.get(field), field)
-        headers = data.get("headers")
-        if isinstance(headers, list):
-            data["headers"] = dict(headers)
         kwargs = {key: value for key, value in data.items() if key in cls.attributes}
         if not isinstance(kwargs.get("url"), str):
             raise RequestDecodeError(f"payload has no URL string: {kwargs.get('url')!r}")
         try:
+            if isinstance(kwargs.get("headers"), list):
+                kwargs["headers"] = dict(kwargs["headers"])
             return cls(**kwargs)
-        except (TypeError, ValueError) as exc:
-            raise RequestDecodeError(f"cannot rebuild {cls.__name__}: {exc}") from exc
+        except Exception as exc:  # whatever a malformed field makes the class raise
+            raise RequestDecodeError(
+                f"cannot rebuild {cls.__name__}: {type(exc).__name__}: {exc}"
+            ) from exc
 
     def _to_dict(self, request: Request) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -115,15 +119,15 @@ class RequestCodec:
         if func is NO_CALLBACK:
             return _NO_CALLBACK_NAME
         target = getattr(func, "__func__", None)
-        name = self._names.get(target) if target is not None else None
-        if name is not None:
-            return name
         owner = getattr(func, "__self__", None)
         if self.spider is None or owner is not self.spider or target is None:
             raise RequestEncodeError(
                 f"cannot store {request}: its {field} {func!r} is not a method of the "
                 f"spider, and only spider methods can travel between workers by name"
             )
+        name = self._names.get(target)
+        if name is not None:
+            return name
         name = target.__name__
         if getattr(getattr(self.spider, name, None), "__func__", None) is not target:
             # Name-mangled (``__parse``) or aliased: search the spider once.
@@ -146,6 +150,10 @@ class RequestCodec:
             return NO_CALLBACK
         if not isinstance(name, str) or self.spider is None:
             raise RequestDecodeError(f"{field} {name!r} cannot be resolved")
+        if name in _SPIDER_MACHINERY:
+            raise RequestDecodeError(
+                f"{field} {name!r} is part of scrapy.Spider's machinery, not a callback"
+            )
         method = getattr(self.spider, name, None)
         if not inspect.ismethod(method) or method.__self__ is not self.spider:
             raise RequestDecodeError(

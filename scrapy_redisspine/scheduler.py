@@ -33,7 +33,7 @@ from scrapy_redisspine._engine import EngineHooks
 from scrapy_redisspine.dupefilter import RedisDupeFilter
 from scrapy_redisspine.frontier import Frontier, NewRequest
 from scrapy_redisspine.keys import CrawlKeys
-from scrapy_redisspine.request_codec import RequestCodec, RequestDecodeError, RequestEncodeError
+from scrapy_redisspine.request_codec import RequestCodec, RequestEncodeError
 from scrapy_redisspine.serialization import get_serializer
 from scrapy_redisspine.settings import SpineConfig, load_config
 from scrapy_redisspine.worker import WorkerConnection, new_worker_id
@@ -146,7 +146,7 @@ class Scheduler(BaseScheduler):
             self._flush()
             self._release_unstarted()
             if reason == "finished" and not self.config.persist and self.frontier.purge_if_done():
-                logger.info("redisspine: crawl finished; deleted its keys (REDISSPINE_PERSIST=False)")
+                logger.info("redisspine: crawl finished; its keys deleted (persist off)")
             self.frontier.leave()
         except redis.RedisError as exc:
             logger.error(
@@ -236,26 +236,42 @@ class Scheduler(BaseScheduler):
         if now - self._last_empty_lease < self.config.idle_poll_seconds / 2:
             return False
         free = self._hooks.free_download_slots() if self._hooks else 1
-        try:
-            batch = self.frontier.lease(max(1, min(free, self.config.lease_batch_size)))
-        except redis.RedisError as exc:
-            self._redis_error("lease", exc)
-            return False
-        self._set_fleet_counts(batch.queued, batch.inflight, now)
-        if not batch.leases:
-            self._last_empty_lease = now
-            return False
-        self.stats.inc_value("redisspine/scheduler/leased", len(batch.leases))
-        for lease in batch.leases:
-            self._accept(lease.key, lease.payload)
+        count = max(1, min(free, self.config.lease_batch_size))
+        while not self._ready:
+            try:
+                batch = self.frontier.lease(count)
+            except redis.RedisError as exc:
+                self._redis_error("lease", exc)
+                return False
+            self._set_fleet_counts(batch.queued, batch.inflight, now)
+            self._report_malformed(batch.malformed)
+            if not batch.leases and not batch.malformed:
+                self._last_empty_lease = now
+                return False
+            self.stats.inc_value("redisspine/scheduler/leased", len(batch.leases))
+            for lease in batch.leases:
+                self._accept(lease.key, lease.payload)
+            # Loop only when everything leased was dead-lettered and work remains.
+            if not batch.queued:
+                break
         return bool(self._ready)
+
+    def _report_malformed(self, malformed: int) -> None:
+        if malformed:
+            assert self.frontier is not None
+            logger.error(
+                "redisspine: %d malformed member(s) of %s (not written by this plugin) "
+                "moved to dead letters in %s", malformed, self.frontier.keys.queue,
+                self.frontier.keys.dead,
+            )
+            self.stats.inc_value("redisspine/scheduler/malformed", malformed)
 
     def _accept(self, key: str, payload: bytes) -> None:
         assert self.codec is not None
         assert self.frontier is not None
         try:
             self._ready.append((self.codec.decode(payload), key))
-        except RequestDecodeError as exc:
+        except Exception as exc:  # RequestDecodeError, or anything a bad payload triggers
             reason = f"undecodable request: {exc}"
             logger.error("redisspine: lease %s moved to dead letters: %s", key, reason)
             self.stats.inc_value("redisspine/scheduler/undecodable")

@@ -58,7 +58,10 @@ def _encode_bytes(value: Any) -> Any:
 
 def _decode_bytes(obj: dict[str, Any]) -> Any:
     if len(obj) == 1 and _BYTES_TAG in obj:
-        return base64.b64decode(obj[_BYTES_TAG])
+        value = obj[_BYTES_TAG]
+        if not isinstance(value, str):
+            raise ValueError(f"{_BYTES_TAG} must hold a base64 string, not {value!r}")
+        return base64.b64decode(value, validate=True)
     return obj
 
 
@@ -76,7 +79,7 @@ class JsonSerializer:
     def loads(self, payload: bytes) -> dict[str, Any]:
         try:
             data = json.loads(payload, object_hook=_decode_bytes)
-        except (ValueError, UnicodeDecodeError) as exc:
+        except (ValueError, TypeError) as exc:  # binascii.Error is a ValueError
             raise SerializationError(f"not a JSON payload: {exc}") from exc
         if not isinstance(data, dict):
             raise SerializationError(f"payload is a {type(data).__name__}, not an object")

@@ -8,6 +8,7 @@ tests can build a config from a plain mapping.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -119,12 +120,16 @@ def _as_bool(name: str, value: Any) -> bool:
 
 
 def _as_number(name: str, value: Any, kind: Callable[[Any], Any], minimum: float) -> Any:
+    if isinstance(value, bool):
+        raise ConfigError(f"{name} must be a number, got {value!r}")
     try:
-        number = kind(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{name} must be a number, got {value!r}") from None
-    if number < minimum:
-        raise ConfigError(f"{name} must be >= {minimum}, got {value!r}")
+        number = kind(float(value)) if kind is float else kind(value)
+        if kind is int and isinstance(value, float) and number != value:
+            raise ValueError
+    except (TypeError, ValueError, OverflowError):
+        raise ConfigError(f"{name} must be a {kind.__name__}, got {value!r}") from None
+    if not math.isfinite(number) or number < minimum:
+        raise ConfigError(f"{name} must be a finite number >= {minimum}, got {value!r}")
     return number
 
 
@@ -146,7 +151,7 @@ def _as_optional_str(name: str, value: Any) -> str | None:
 def _as_str_tuple(name: str, value: Any) -> tuple[str, ...]:
     if isinstance(value, str):
         value = [part.strip() for part in value.split(",") if part.strip()]
-    if not all(isinstance(item, str) for item in value):
+    if not isinstance(value, (list, tuple)) or not all(isinstance(item, str) for item in value):
         raise ConfigError(f"{name} must be a list of dotted paths, got {value!r}")
     return tuple(value)
 

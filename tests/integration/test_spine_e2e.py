@@ -6,8 +6,10 @@ what the server saw, not what the workers believe.
 
 from __future__ import annotations
 
+import shutil
 import signal
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -19,7 +21,6 @@ from tests.integration.crawlproc import run_workers, start_workers, wait_workers
 
 if TYPE_CHECKING:
     from collections.abc import Callable
-    from pathlib import Path
 
     from scrapy_redisspine.testing.site import TestSite
     from tests.integration.crawlproc import WorkerResult
@@ -271,3 +272,36 @@ def test_round_trips_per_page_are_batched(
     # enqueue+ack of a page's children is one call, leases come in batches; idle polls
     # at start and end add a little. Design target: <= 2 per page.
     assert evalsha / pages <= 2.0, f"{evalsha} script calls for {pages} pages"
+
+
+@pytest.mark.compat
+def test_embedded_redis_is_started_shared_persisted_and_stopped(
+    project_dir: Path, test_site: TestSite, worker_log_dir: Path
+) -> None:
+    import tempfile
+
+    from scrapy_redisspine.connection import shutdown_embedded_if_unused
+
+    embedded = Path(tempfile.mkdtemp(prefix="rs-embedded-"))  # short: unix socket limit
+    settings = {
+        "REDISSPINE_EMBEDDED_DIR": str(embedded),
+        "LINKS_START_URLS": ",".join(test_site.start_urls()),
+    }
+    try:
+        results = run_workers(project_dir, "links", 2, settings,
+                              log_dir=worker_log_dir / "a")
+        _assert_finished(results)
+        _assert_exactly_once(test_site)
+        logs = "\n".join(r.log for r in results)
+        assert logs.count("starting embedded redis-server") == 1
+        assert "joining embedded redis-server" in logs
+        assert not (embedded / "redis.sock").exists(), "the last worker should stop the server"
+        assert (embedded / "appendonlydir").is_dir()
+        # The crawl persisted across the server's stop: a rerun finds it done.
+        [rerun] = run_workers(project_dir, "links", 1, settings,
+                              log_dir=worker_log_dir / "b")
+        _assert_finished([rerun])
+        assert rerun.stats.get("downloader/request_count", 0) == 0
+    finally:
+        shutdown_embedded_if_unused(embedded)
+        shutil.rmtree(embedded, ignore_errors=True)

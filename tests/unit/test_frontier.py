@@ -1,0 +1,661 @@
+"""The frontier contract, run on fakeredis and on a real redis-server.
+
+Every state change is one Lua script; these tests pin what each script promises
+(statuses, ownership, order, atomic moves between keys) and that the scripts behave
+the same on both backends.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+import time
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import redis
+
+from scrapy_redisspine.frontier import (
+    ORDER_KEY_LENGTH,
+    CorruptKeyError,
+    Frontier,
+    NewRequest,
+)
+from scrapy_redisspine.keys import CrawlKeys
+
+if TYPE_CHECKING:
+    from tests.unit.conftest import FrontierFactory
+
+ALIVE_MS = 30_000
+
+
+def _requests(*payloads: bytes, **kwargs: Any) -> list[NewRequest]:
+    return [NewRequest(payload, b"fp-" + payload, **kwargs) for payload in payloads]
+
+
+def _payloads(frontier: Frontier, count: int = 100) -> list[bytes]:
+    return [lease.payload for lease in frontier.lease(count).leases]
+
+
+def _stats(client: redis.Redis, keys: CrawlKeys) -> dict[str, int]:
+    return {name.decode(): int(value) for name, value in client.hgetall(keys.stats).items()}
+
+
+class TestEnqueue:
+    def test_statuses_per_request(self, frontier: Frontier) -> None:
+        result = frontier.enqueue(
+            [
+                NewRequest(b"a", b"fp-a"),
+                NewRequest(b"a again", b"fp-a"),
+                NewRequest(b"start", b"fp-s", is_start=True, dont_filter=True),
+                NewRequest(b"start again", b"fp-s", is_start=True, dont_filter=True),
+            ]
+        )
+        assert result.statuses == "+d+s"
+        assert result.enqueued == 2
+        assert result.acked == 0
+
+    def test_empty_batch(self, frontier: Frontier) -> None:
+        assert frontier.enqueue([]).statuses == ""
+
+    def test_seen_fingerprint_is_filtered_across_calls_and_workers(
+        self, make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        first, second = make_frontier("w1"), make_frontier("w2")
+        assert first.enqueue([NewRequest(b"a", b"fp")]).statuses == "+"
+        assert second.enqueue([NewRequest(b"b", b"fp")]).statuses == "d"
+        assert client.smembers(crawl_keys.seen) == {b"fp"}
+        assert client.zcard(crawl_keys.queue) == 1
+        stats = _stats(client, crawl_keys)
+        assert stats["enqueued"] == 1
+        assert stats["filtered"] == 1
+
+    def test_dont_filter_skips_and_does_not_record_the_seen_check(
+        self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        assert frontier.enqueue([NewRequest(b"a", b"fp")]).statuses == "+"
+        result = frontier.enqueue(
+            [NewRequest(b"a", b"fp", dont_filter=True), NewRequest(b"b", b"fp2", dont_filter=True)]
+        )
+        assert result.statuses == "++"
+        assert client.smembers(crawl_keys.seen) == {b"fp"}
+        assert client.zcard(crawl_keys.queue) == 3
+
+    def test_start_request_enters_once_even_with_dont_filter(
+        self, make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        start = NewRequest(b"start", b"fp-start", dont_filter=True, is_start=True)
+        assert make_frontier("w1").enqueue([start]).statuses == "+"
+        assert make_frontier("w2").enqueue([start]).statuses == "s"
+        assert make_frontier("w3").enqueue([start, start]).statuses == "ss"
+        assert client.zcard(crawl_keys.queue) == 1
+        assert client.smembers(crawl_keys.starts) == {b"fp-start"}
+        assert not client.exists(crawl_keys.seen)
+
+    def test_start_request_already_seen_as_a_link_is_a_duplicate(
+        self, frontier: Frontier
+    ) -> None:
+        assert frontier.enqueue([NewRequest(b"link", b"fp")]).statuses == "+"
+        assert frontier.enqueue([NewRequest(b"start", b"fp", is_start=True)]).statuses == "d"
+
+    def test_filtered_start_request_records_both_sets(
+        self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        frontier.enqueue([NewRequest(b"start", b"fp", is_start=True)])
+        assert client.smembers(crawl_keys.starts) == {b"fp"}
+        assert client.smembers(crawl_keys.seen) == {b"fp"}
+        assert frontier.enqueue([NewRequest(b"link", b"fp")]).statuses == "d"
+
+    def test_flags(self) -> None:
+        assert NewRequest(b"x").flags() == "f"
+        assert NewRequest(b"x", dont_filter=True).flags() == "-"
+        assert NewRequest(b"x", is_start=True).flags() == "fs"
+        assert NewRequest(b"x", dont_filter=True, is_start=True).flags() == "s"
+
+    def test_push_enqueues_from_outside(self, frontier: Frontier) -> None:
+        assert frontier.push(_requests(b"a", b"b")).statuses == "++"
+        assert _payloads(frontier) == [b"a", b"b"]
+
+    def test_unknown_order_is_refused(self, client: redis.Redis, crawl_keys: CrawlKeys) -> None:
+        with pytest.raises(ValueError, match="order"):
+            Frontier(client, crawl_keys, "w1", "random")
+
+
+class TestOrder:
+    def test_higher_priority_first(self, frontier: Frontier) -> None:
+        frontier.enqueue(
+            [
+                NewRequest(b"p0", b"1", priority=0),
+                NewRequest(b"p10", b"2", priority=10),
+                NewRequest(b"p-5", b"3", priority=-5),
+                NewRequest(b"p3", b"4", priority=3),
+            ]
+        )
+        assert _payloads(frontier) == [b"p10", b"p3", b"p0", b"p-5"]
+
+    def test_priority_wins_across_batches(self, frontier: Frontier) -> None:
+        frontier.enqueue([NewRequest(b"low", b"1", priority=-1)])
+        frontier.enqueue([NewRequest(b"high", b"2", priority=1)])
+        assert _payloads(frontier, 1) == [b"high"]
+        assert _payloads(frontier, 1) == [b"low"]
+
+    def test_fifo_among_equal_priorities(self, frontier: Frontier) -> None:
+        frontier.enqueue(_requests(b"a", b"b"))
+        frontier.enqueue(_requests(b"c"))
+        assert _payloads(frontier) == [b"a", b"b", b"c"]
+
+    def test_lifo_among_equal_priorities(self, make_frontier: FrontierFactory) -> None:
+        frontier = make_frontier(order="lifo")
+        frontier.enqueue(_requests(b"a", b"b"))
+        frontier.enqueue(_requests(b"c"))
+        assert _payloads(frontier) == [b"c", b"b", b"a"]
+
+    def test_lifo_still_puts_higher_priority_first(self, make_frontier: FrontierFactory) -> None:
+        frontier = make_frontier(order="lifo")
+        frontier.enqueue([NewRequest(b"high", b"1", priority=5)])
+        frontier.enqueue([NewRequest(b"low", b"2")])
+        assert _payloads(frontier) == [b"high", b"low"]
+
+    def test_order_survives_more_than_nine_requests(self, frontier: Frontier) -> None:
+        # Order keys are zero-padded: "10" must not sort before "9".
+        payloads = [f"r{i:03d}".encode() for i in range(25)]
+        frontier.enqueue(_requests(*payloads))
+        assert _payloads(frontier) == payloads
+
+
+class TestLease:
+    def test_lease_moves_requests_to_inflight_and_leases_atomically(
+        self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        frontier.enqueue(_requests(b"a", b"b", b"c"))
+        before_ms = int(time.time() * 1000)
+        batch = frontier.lease(2)
+        after_ms = int(time.time() * 1000)
+
+        assert [lease.payload for lease in batch.leases] == [b"a", b"b"]
+        assert (batch.queued, batch.inflight) == (1, 2)
+        assert client.zcard(crawl_keys.queue) == 1
+        for lease in batch.leases:
+            assert len(lease.key) == ORDER_KEY_LENGTH
+            assert lease.key.isdigit()
+            entry = client.hget(crawl_keys.inflight, lease.key)
+            assert entry == b"w1\n0\n" + lease.key.encode() + lease.payload
+            leased_at = client.zscore(crawl_keys.leases, lease.key)
+            assert leased_at is not None
+            assert before_ms - 1000 <= leased_at <= after_ms + 1000
+        assert frontier.counts() == (1, 2)
+        assert _stats(client, crawl_keys)["leased"] == 2
+
+    def test_lease_more_than_available(self, frontier: Frontier) -> None:
+        frontier.enqueue(_requests(b"a", b"b"))
+        batch = frontier.lease(10)
+        assert [lease.payload for lease in batch.leases] == [b"a", b"b"]
+        assert (batch.queued, batch.inflight) == (0, 2)
+        empty = frontier.lease(10)
+        assert empty.leases == []
+        assert (empty.queued, empty.inflight) == (0, 2)
+
+    def test_lease_nothing_reports_counts(self, frontier: Frontier) -> None:
+        frontier.enqueue(_requests(b"a"))
+        batch = frontier.lease(0)
+        assert batch.leases == []
+        assert (batch.queued, batch.inflight) == (1, 0)
+
+    def test_lease_on_an_empty_crawl(self, frontier: Frontier) -> None:
+        batch = frontier.lease(5)
+        assert (batch.leases, batch.queued, batch.inflight) == ([], 0, 0)
+
+    def test_inflight_counts_are_fleet_wide(self, make_frontier: FrontierFactory) -> None:
+        first, second = make_frontier("w1"), make_frontier("w2")
+        first.enqueue(_requests(b"a", b"b", b"c"))
+        first.lease(1)
+        batch = second.lease(1)
+        assert (batch.queued, batch.inflight) == (1, 2)
+
+
+class TestAck:
+    def test_ack_by_owner(
+        self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        frontier.enqueue(_requests(b"a", b"b"))
+        keys = [lease.key for lease in frontier.lease(2).leases]
+        assert frontier.ack(keys) == 2
+        assert frontier.counts() == (0, 0)
+        assert not client.exists(crawl_keys.leases)
+        assert _stats(client, crawl_keys)["acked"] == 2
+
+    def test_ack_of_nothing(self, frontier: Frontier) -> None:
+        assert frontier.ack([]) == 0
+
+    def test_ack_by_another_worker_is_refused(
+        self, make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        owner, other = make_frontier("w1"), make_frontier("w2")
+        owner.enqueue(_requests(b"a"))
+        (lease,) = owner.lease(1).leases
+        assert other.ack([lease.key]) == 0
+        assert client.hget(crawl_keys.inflight, lease.key) is not None
+        assert client.zscore(crawl_keys.leases, lease.key) is not None
+        assert owner.ack([lease.key]) == 1
+
+    def test_owner_whose_id_prefixes_another_cannot_ack_its_lease(
+        self, make_frontier: FrontierFactory
+    ) -> None:
+        long_id, short_id = make_frontier("w10"), make_frontier("w1")
+        long_id.enqueue(_requests(b"a"))
+        (lease,) = long_id.lease(1).leases
+        assert short_id.ack([lease.key]) == 0
+        assert long_id.ack([lease.key]) == 1
+
+    def test_ack_twice_counts_once(self, frontier: Frontier) -> None:
+        frontier.enqueue(_requests(b"a"))
+        (lease,) = frontier.lease(1).leases
+        assert frontier.ack([lease.key]) == 1
+        assert frontier.ack([lease.key]) == 0
+
+    def test_unknown_key_is_not_acked(self, frontier: Frontier) -> None:
+        assert frontier.ack(["999999999999999"]) == 0
+
+    def test_enqueue_children_and_ack_parent_in_one_call(
+        self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        frontier.enqueue(_requests(b"parent"))
+        (parent,) = frontier.lease(1).leases
+        result = frontier.enqueue(_requests(b"child1", b"child2", b"parent"), [parent.key])
+        assert result.statuses == "++d"
+        assert result.acked == 1
+        assert frontier.counts() == (2, 0)
+        assert client.hget(crawl_keys.inflight, parent.key) is None
+        assert _payloads(frontier) == [b"child1", b"child2"]
+
+    def test_enqueue_with_refused_ack_still_enqueues(self, make_frontier: FrontierFactory) -> None:
+        owner, other = make_frontier("w1"), make_frontier("w2")
+        owner.enqueue(_requests(b"parent"))
+        (parent,) = owner.lease(1).leases
+        result = other.enqueue(_requests(b"child"), [parent.key])
+        assert (result.statuses, result.acked) == ("+", 0)
+        assert owner.counts() == (1, 1)
+
+
+class TestRelease:
+    def test_release_restores_priority_and_order(
+        self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        frontier.enqueue(
+            [
+                NewRequest(b"a", b"1"),
+                NewRequest(b"b", b"2"),
+                NewRequest(b"high", b"3", priority=1_000_000),
+                NewRequest(b"low", b"4", priority=-7),
+            ]
+        )
+        queue_before = client.zrange(crawl_keys.queue, 0, -1, withscores=True)
+        leases = frontier.lease(2).leases  # high, a
+        frontier.enqueue(_requests(b"c"))
+        assert frontier.release([lease.key for lease in leases]) == 2
+        queue_after = client.zrange(crawl_keys.queue, 0, -1, withscores=True)
+        assert set(queue_before) <= set(queue_after)
+        assert frontier.counts() == (5, 0)
+        assert not client.exists(crawl_keys.inflight)
+        assert not client.exists(crawl_keys.leases)
+        assert _payloads(frontier) == [b"high", b"a", b"b", b"c", b"low"]
+        assert _stats(client, crawl_keys)["released"] == 2
+
+    def test_release_keeps_the_order_key(self, frontier: Frontier) -> None:
+        frontier.enqueue(_requests(b"a"))
+        (first,) = frontier.lease(1).leases
+        frontier.release([first.key])
+        (second,) = frontier.lease(1).leases
+        assert second == first
+
+    def test_release_of_nothing(self, frontier: Frontier) -> None:
+        assert frontier.release([]) == 0
+
+    def test_release_of_another_workers_lease_is_refused(
+        self, make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        owner, other = make_frontier("w1"), make_frontier("w2")
+        owner.enqueue(_requests(b"a"))
+        (lease,) = owner.lease(1).leases
+        assert other.release([lease.key]) == 0
+        assert owner.counts() == (0, 1)
+        assert client.hget(crawl_keys.inflight, lease.key) is not None
+        assert owner.release([lease.key, "999999999999999"]) == 1
+
+
+class TestBury:
+    def test_bury_moves_lease_to_dead_letters_with_reason(
+        self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        frontier.enqueue([NewRequest(b"bad\npayload", b"1", priority=4)])
+        (lease,) = frontier.lease(1).leases
+        assert frontier.bury(lease.key, "does not\ndecode")
+        entry = client.hget(crawl_keys.dead, lease.key)
+        assert entry == b"does not decode\n-4\n" + lease.key.encode() + b"bad\npayload"
+        assert frontier.counts() == (0, 0)
+        assert not client.exists(crawl_keys.leases)
+        assert _stats(client, crawl_keys)["dead_lettered"] == 1
+
+    def test_bury_of_another_workers_lease_is_refused(
+        self, make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        owner, other = make_frontier("w1"), make_frontier("w2")
+        owner.enqueue(_requests(b"a"))
+        (lease,) = owner.lease(1).leases
+        assert not other.bury(lease.key, "nope")
+        assert not client.exists(crawl_keys.dead)
+        assert owner.counts() == (0, 1)
+
+    def test_bury_of_unknown_key(self, frontier: Frontier) -> None:
+        assert not frontier.bury("999999999999999", "gone")
+
+
+class TestWorkers:
+    def test_register_adds_worker_and_crawl(
+        self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        assert frontier.register(flush=False, alive_ms=ALIVE_MS) == (False, 0)
+        assert client.zscore(crawl_keys.workers, "w1") is not None
+        assert client.smembers(crawl_keys.crawls) == {b"test"}
+
+    def test_register_counts_other_live_workers(self, make_frontier: FrontierFactory) -> None:
+        make_frontier("w1").register(flush=False, alive_ms=ALIVE_MS)
+        make_frontier("w2").register(flush=False, alive_ms=ALIVE_MS)
+        assert make_frontier("w3").register(flush=False, alive_ms=ALIVE_MS) == (False, 2)
+        # Registering again does not count oneself.
+        assert make_frontier("w3").register(flush=False, alive_ms=ALIVE_MS) == (False, 2)
+
+    def test_flush_is_refused_while_another_worker_is_alive(
+        self, make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        peer = make_frontier("w1")
+        peer.register(flush=False, alive_ms=ALIVE_MS)
+        peer.enqueue(_requests(b"a", b"b"))
+        peer.lease(1)
+        late = make_frontier("w2")
+        assert late.register(flush=True, alive_ms=ALIVE_MS) == (False, 1)
+        assert peer.counts() == (1, 1)
+        assert client.scard(crawl_keys.seen) == 2
+
+    def test_flush_when_no_other_worker_is_alive(
+        self, make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        old = make_frontier("w1")
+        old.enqueue(_requests(b"a", b"b"))
+        old.lease(1)
+        client.zadd(crawl_keys.workers, {"dead-worker": 1})  # heartbeat in 1970
+        assert make_frontier("w2").register(flush=True, alive_ms=ALIVE_MS) == (True, 0)
+        for key in crawl_keys.all_crawl_keys():
+            if key != crawl_keys.workers:
+                assert not client.exists(key), key
+        assert client.zrange(crawl_keys.workers, 0, -1) == [b"w2"]
+
+    def test_own_stale_heartbeat_does_not_hide_a_live_peer(
+        self, make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        # A worker re-registering under its old id, with an old heartbeat, while a
+        # peer is alive: the peer must still count, and block the flush.
+        peer = make_frontier("peer")
+        peer.register(flush=False, alive_ms=ALIVE_MS)
+        peer.enqueue(_requests(b"a"))
+        client.zadd(crawl_keys.workers, {"w1": 1})
+        assert make_frontier("w1").register(flush=True, alive_ms=ALIVE_MS) == (False, 1)
+        assert peer.counts() == (1, 0)
+
+    def test_register_without_flush_keeps_everything(
+        self, frontier: Frontier
+    ) -> None:
+        frontier.enqueue(_requests(b"a"))
+        frontier.register(flush=False, alive_ms=ALIVE_MS)
+        assert frontier.counts() == (1, 0)
+
+    def test_heartbeat_and_leave(
+        self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        now_ms = frontier.heartbeat()
+        assert abs(now_ms - time.time() * 1000) < 5_000
+        assert client.zscore(crawl_keys.workers, "w1") == now_ms
+        frontier.leave()
+        assert client.zscore(crawl_keys.workers, "w1") is None
+
+
+class TestPurge:
+    def test_purge_refused_while_queued(self, frontier: Frontier) -> None:
+        frontier.enqueue(_requests(b"a"))
+        assert not frontier.purge_if_done()
+        assert frontier.counts() == (1, 0)
+
+    def test_purge_refused_while_in_flight(self, frontier: Frontier) -> None:
+        frontier.enqueue(_requests(b"a"))
+        frontier.lease(1)
+        assert not frontier.purge_if_done()
+        assert frontier.counts() == (0, 1)
+
+    def test_purge_when_done_deletes_every_crawl_key(
+        self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        frontier.register(flush=False, alive_ms=ALIVE_MS)
+        frontier.enqueue(_requests(b"a", b"b", b"start", is_start=True))
+        leases = frontier.lease(3).leases
+        frontier.bury(leases[0].key, "bad")
+        frontier.ack([lease.key for lease in leases[1:]])
+        assert frontier.purge_if_done()
+        for key in crawl_keys.all_crawl_keys():
+            assert not client.exists(key), key
+
+    def test_purge_leaves_other_crawls_alone(
+        self, frontier: Frontier, client: redis.Redis
+    ) -> None:
+        other = Frontier(client, CrawlKeys("redisspine", "other"), "w1")
+        other.enqueue(_requests(b"a"))
+        frontier.enqueue(_requests(b"b"))
+        frontier.ack([lease.key for lease in frontier.lease(1).leases])
+        assert frontier.purge_if_done()
+        assert other.counts() == (1, 0)
+
+    def test_purge_removes_the_crawl_from_the_registry(
+        self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        # keys.py: the crawls registry lists a crawl "until purged".
+        frontier.register(flush=False, alive_ms=ALIVE_MS)
+        assert frontier.purge_if_done()
+        assert b"test" not in client.smembers(crawl_keys.crawls)
+
+
+class TestRobustness:
+    def test_check_key_types_passes_on_empty_and_used_crawls(self, frontier: Frontier) -> None:
+        frontier.check_key_types()
+        frontier.register(flush=False, alive_ms=ALIVE_MS)
+        frontier.enqueue(_requests(b"a", b"b", b"c", is_start=True))
+        leases = frontier.lease(2).leases
+        frontier.bury(leases[0].key, "bad")
+        frontier.check_key_types()
+
+    @pytest.mark.parametrize("name", ["queue", "inflight", "seen", "workers", "stats"])
+    def test_check_key_types_names_the_corrupt_key(
+        self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys, name: str
+    ) -> None:
+        key = getattr(crawl_keys, name)
+        client.set(key, b"not mine")
+        with pytest.raises(CorruptKeyError, match=key.replace("{", r"\{").replace("}", r"\}")):
+            frontier.check_key_types()
+
+    def test_check_key_types_names_the_found_type(
+        self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        client.rpush(crawl_keys.seq, b"x")
+        with pytest.raises(CorruptKeyError, match="holds a list, expected a string"):
+            frontier.check_key_types()
+
+    def test_binary_garbage_member_does_not_break_lease(
+        self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        frontier.enqueue(_requests(b"good"))
+        client.zadd(crawl_keys.queue, {b"\xff\xfe\x00 binary garbage": -100})
+        batch = frontier.lease(10)
+        assert b"good" in [lease.payload for lease in batch.leases]
+        # Nothing is stranded in flight without its owner knowing the key.
+        handed = {
+            lease.key.encode() if isinstance(lease.key, str) else lease.key
+            for lease in batch.leases
+        }
+        assert set(client.hkeys(crawl_keys.inflight)) <= handed
+
+    def test_malformed_members_are_not_conflated(
+        self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        # Two members that do not start with an order key, sharing 15 first bytes:
+        # each must end up somewhere (in flight or dead), none silently vanish.
+        client.zadd(crawl_keys.queue, {b"not-an-order-key-1": 0, b"not-an-order-key-2": 0})
+        frontier.lease(10)
+        located = (
+            client.zcard(crawl_keys.queue)
+            + client.hlen(crawl_keys.inflight)
+            + client.hlen(crawl_keys.dead)
+        )
+        assert located == 2
+
+    def test_scripts_reload_after_script_flush(
+        self, frontier: Frontier, client: redis.Redis
+    ) -> None:
+        frontier.enqueue(_requests(b"a", b"b"))
+        assert _payloads(frontier, 1) == [b"a"]
+        client.script_flush()
+        assert _payloads(frontier, 1) == [b"b"]
+        client.script_flush()
+        assert frontier.enqueue(_requests(b"c")).statuses == "+"
+        client.script_flush()
+        assert frontier.register(flush=False, alive_ms=ALIVE_MS) == (False, 0)
+
+    def test_arbitrary_bytes_survive_every_move(
+        self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        payloads = [
+            bytes(range(256)),
+            b"\x00",
+            b"\n\n",
+            b"w1\n0\n000000000000001",
+            b"",
+            b"\xff" * 1000,
+            "h\u00e9llo \u2603".encode(),
+        ]
+        fingerprints = [bytes([i]) * 20 for i in range(len(payloads) - 1)] + [b"\x00\n" * 10]
+        frontier.enqueue(
+            [
+                NewRequest(payload, fingerprint, priority=i)
+                for i, (payload, fingerprint) in enumerate(zip(payloads, fingerprints, strict=True))
+            ]
+        )
+        assert client.smembers(crawl_keys.seen) == set(fingerprints)
+        leased = frontier.lease(100).leases
+        assert sorted(lease.payload for lease in leased) == sorted(payloads)
+        assert frontier.release([lease.key for lease in leased]) == len(payloads)
+        leased = frontier.lease(100).leases
+        assert [lease.payload for lease in leased] == payloads[::-1]
+        frontier.bury(leased[0].key, "reason")
+        assert client.hget(crawl_keys.dead, leased[0].key).endswith(payloads[-1])
+        assert frontier.ack([lease.key for lease in leased[1:]]) == len(payloads) - 1
+
+
+# -- many workers at once (real server only) --------------------------------------
+
+N_REQUESTS = 2_000
+
+
+def _lease_until_empty(url: str, worker_id: str, batch: int) -> list[bytes]:
+    client = redis.Redis.from_url(url)
+    try:
+        frontier = Frontier(client, CrawlKeys("redisspine", "test"), worker_id)
+        leased: list[bytes] = []
+        while True:
+            leases = frontier.lease(batch).leases
+            if not leases:
+                return leased
+            leased += [lease.payload for lease in leases]
+    finally:
+        client.close()
+
+
+def _process_worker(
+    url: str, worker_id: str, batch: int, start: Any, results: Any
+) -> None:
+    start.wait(30)
+    results.put((worker_id, _lease_until_empty(url, worker_id, batch)))
+
+
+def _fill(url: str) -> list[bytes]:
+    client = redis.Redis.from_url(url)
+    try:
+        frontier = Frontier(client, CrawlKeys("redisspine", "test"), "seeder")
+        payloads = [f"request-{i}".encode() for i in range(N_REQUESTS)]
+        for first in range(0, N_REQUESTS, 500):
+            frontier.push(_requests(*payloads[first : first + 500]))
+        return payloads
+    finally:
+        client.close()
+
+
+def _check_exactly_once(
+    url: str, payloads: list[bytes], by_worker: dict[str, list[bytes]]
+) -> None:
+    leased = Counter(p for worker_payloads in by_worker.values() for p in worker_payloads)
+    duplicates = [p for p, n in leased.items() if n > 1]
+    assert not duplicates, f"leased more than once: {duplicates[:5]}"
+    assert set(leased) == set(payloads), "some requests were never leased"
+    assert sum(1 for worker_payloads in by_worker.values() if worker_payloads) > 1
+    client = redis.Redis.from_url(url)
+    try:
+        frontier = Frontier(client, CrawlKeys("redisspine", "test"), "checker")
+        assert frontier.counts() == (0, N_REQUESTS)
+        owners = Counter(
+            entry.split(b"\n", 1)[0].decode()
+            for entry in client.hvals(frontier.keys.inflight)
+        )
+        assert owners == {worker: len(p) for worker, p in by_worker.items() if p}
+    finally:
+        client.close()
+
+
+def test_concurrent_threads_lease_each_request_exactly_once(redis_url: str) -> None:
+    payloads = _fill(redis_url)
+    by_worker: dict[str, list[bytes]] = {}
+    barrier = threading.Barrier(8)
+
+    def run(worker_id: str, batch: int) -> None:
+        barrier.wait(30)
+        by_worker[worker_id] = _lease_until_empty(redis_url, worker_id, batch)
+
+    threads = [
+        threading.Thread(target=run, args=(f"thread-{i}", 1 + i % 4)) for i in range(8)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert len(by_worker) == 8, "a leasing thread failed"
+    _check_exactly_once(redis_url, payloads, by_worker)
+
+
+def test_concurrent_processes_lease_each_request_exactly_once(redis_url: str) -> None:
+    payloads = _fill(redis_url)
+    context = multiprocessing.get_context("spawn")
+    start = context.Barrier(4)
+    results = context.Queue()
+    processes = [
+        context.Process(
+            target=_process_worker, args=(redis_url, f"process-{i}", 1 + i, start, results)
+        )
+        for i in range(4)
+    ]
+    for process in processes:
+        process.start()
+    try:
+        by_worker = dict(results.get(timeout=60) for _ in processes)
+    finally:
+        for process in processes:
+            process.join(30)
+            if process.is_alive():
+                process.kill()
+    assert all(process.exitcode == 0 for process in processes)
+    _check_exactly_once(redis_url, payloads, by_worker)

@@ -1,0 +1,239 @@
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from scrapy.settings import Settings
+
+from scrapy_redisspine.settings import DEFAULTS, SETTINGS, ConfigError, SpineConfig, load_config
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def test_defaults() -> None:
+    config = load_config({})
+    assert config == SpineConfig(
+        redis_url=None,
+        crawl_id=None,
+        key_prefix="redisspine",
+        persist=True,
+        flush_on_start=False,
+        serializer="msgpack",
+        allowed_request_classes=(),
+        queue_order="fifo",
+        lease_batch_size=16,
+        enqueue_batch_size=500,
+        enqueue_flush_seconds=0.05,
+        idle_poll_seconds=0.1,
+        keep_alive=False,
+        heartbeat_seconds=5.0,
+        worker_timeout_seconds=30.0,
+        embedded_dir=None,
+        redis_server_bin=None,
+    )
+
+
+def test_every_setting_is_prefixed_and_declared_once() -> None:
+    names = [setting.name for setting in SETTINGS]
+    assert len(names) == len(set(names))
+    assert all(name.startswith("REDISSPINE_") for name in names)
+    assert set(DEFAULTS) == set(names)
+
+
+def test_every_config_field_comes_from_a_setting() -> None:
+    fields = {field.name for field in dataclasses.fields(SpineConfig)}
+    settings = {setting.name.removeprefix("REDISSPINE_").lower() for setting in SETTINGS}
+    assert fields == settings
+
+
+def test_config_is_frozen() -> None:
+    config = load_config({})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.persist = False  # type: ignore[misc]
+
+
+def test_values_are_read_and_typed() -> None:
+    config = load_config(
+        {
+            "REDISSPINE_REDIS_URL": "redis://example:6380/2",
+            "REDISSPINE_CRAWL_ID": "books",
+            "REDISSPINE_KEY_PREFIX": "spine",
+            "REDISSPINE_PERSIST": "false",
+            "REDISSPINE_FLUSH_ON_START": "1",
+            "REDISSPINE_SERIALIZER": " JSON ",
+            "REDISSPINE_ALLOWED_REQUEST_CLASSES": "a.B, c.D",
+            "REDISSPINE_QUEUE_ORDER": "LIFO",
+            "REDISSPINE_LEASE_BATCH_SIZE": "4",
+            "REDISSPINE_ENQUEUE_BATCH_SIZE": 10,
+            "REDISSPINE_ENQUEUE_FLUSH_SECONDS": "0",
+            "REDISSPINE_IDLE_POLL_SECONDS": 0.5,
+            "REDISSPINE_KEEP_ALIVE": True,
+            "REDISSPINE_HEARTBEAT_SECONDS": "2",
+            "REDISSPINE_WORKER_TIMEOUT_SECONDS": 12,
+            "REDISSPINE_EMBEDDED_DIR": "/tmp/spine",
+            "REDISSPINE_REDIS_SERVER_BIN": "/usr/bin/redis-server",
+        }
+    )
+    assert config.redis_url == "redis://example:6380/2"
+    assert config.crawl_id == "books"
+    assert config.key_prefix == "spine"
+    assert config.persist is False
+    assert config.flush_on_start is True
+    assert config.serializer == "json"
+    assert config.allowed_request_classes == ("a.B", "c.D")
+    assert config.queue_order == "lifo"
+    assert config.lease_batch_size == 4
+    assert isinstance(config.lease_batch_size, int)
+    assert config.enqueue_batch_size == 10
+    assert config.enqueue_flush_seconds == 0.0
+    assert config.idle_poll_seconds == 0.5
+    assert config.keep_alive is True
+    assert config.heartbeat_seconds == 2.0
+    assert isinstance(config.heartbeat_seconds, float)
+    assert config.worker_timeout_seconds == 12.0
+    assert config.embedded_dir == "/tmp/spine"
+    assert config.redis_server_bin == "/usr/bin/redis-server"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("1", True), ("true", True), ("Yes", True), ("on", True), (1, True),
+     ("0", False), ("False", False), ("no", False), ("OFF", False), (0, False)],
+)
+def test_boolean_spellings(text: Any, expected: bool) -> None:
+    assert load_config({"REDISSPINE_PERSIST": text}).persist is expected
+
+
+def test_allowed_classes_as_list() -> None:
+    config = load_config({"REDISSPINE_ALLOWED_REQUEST_CLASSES": ["a.B", "c.D"]})
+    assert config.allowed_request_classes == ("a.B", "c.D")
+
+
+def test_scrapy_settings_object_is_accepted() -> None:
+    settings = Settings({"REDISSPINE_LEASE_BATCH_SIZE": "3", "REDISSPINE_PERSIST": "False"})
+    config = load_config(settings)
+    assert config.lease_batch_size == 3
+    assert config.persist is False
+    assert config.key_prefix == "redisspine"
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("REDISSPINE_PERSIST", "maybe"),
+        ("REDISSPINE_FLUSH_ON_START", 2),
+        ("REDISSPINE_KEEP_ALIVE", 1.5),
+        ("REDISSPINE_LEASE_BATCH_SIZE", 0),
+        ("REDISSPINE_LEASE_BATCH_SIZE", "many"),
+        ("REDISSPINE_ENQUEUE_BATCH_SIZE", -1),
+        ("REDISSPINE_ENQUEUE_FLUSH_SECONDS", -0.5),
+        ("REDISSPINE_IDLE_POLL_SECONDS", 0),
+        ("REDISSPINE_HEARTBEAT_SECONDS", "soon"),
+        ("REDISSPINE_WORKER_TIMEOUT_SECONDS", 0.5),
+        ("REDISSPINE_SERIALIZER", "pickle"),
+        ("REDISSPINE_QUEUE_ORDER", "random"),
+        ("REDISSPINE_CRAWL_ID", 42),
+        ("REDISSPINE_REDIS_URL", 6379),
+        ("REDISSPINE_EMBEDDED_DIR", ["/tmp"]),
+        ("REDISSPINE_ALLOWED_REQUEST_CLASSES", ["a.B", 3]),
+    ],
+)
+def test_bad_value_is_rejected_naming_the_setting(name: str, value: Any) -> None:
+    with pytest.raises(ConfigError, match=name):
+        load_config({name: value})
+
+
+def test_bad_value_message_shows_the_value() -> None:
+    with pytest.raises(ConfigError, match="'pickle'"):
+        load_config({"REDISSPINE_SERIALIZER": "pickle"})
+    with pytest.raises(ConfigError, match=">= 1"):
+        load_config({"REDISSPINE_LEASE_BATCH_SIZE": 0})
+
+
+def test_choice_message_lists_the_choices() -> None:
+    with pytest.raises(ConfigError, match="msgpack, json"):
+        load_config({"REDISSPINE_SERIALIZER": "pickle"})
+
+
+def test_allowed_classes_that_are_not_a_list_are_rejected_naming_the_setting() -> None:
+    # A non-iterable must give the ConfigError, not a bare TypeError from iterating it.
+    with pytest.raises(ConfigError, match="REDISSPINE_ALLOWED_REQUEST_CLASSES"):
+        load_config({"REDISSPINE_ALLOWED_REQUEST_CLASSES": 5})
+
+
+@pytest.mark.parametrize("value", ["nan", float("nan")])
+def test_nan_interval_is_rejected(value: Any) -> None:
+    # NaN compares False with the minimum, so a bare `< minimum` check lets it through.
+    with pytest.raises(ConfigError, match="REDISSPINE_HEARTBEAT_SECONDS"):
+        load_config({"REDISSPINE_HEARTBEAT_SECONDS": value})
+
+
+def test_fractional_batch_size_is_rejected_not_truncated() -> None:
+    # "2.5" (a string) is refused; 2.5 (a float) must not silently become 2.
+    with pytest.raises(ConfigError, match="REDISSPINE_LEASE_BATCH_SIZE"):
+        load_config({"REDISSPINE_LEASE_BATCH_SIZE": "2.5"})
+    with pytest.raises(ConfigError, match="REDISSPINE_LEASE_BATCH_SIZE"):
+        load_config({"REDISSPINE_LEASE_BATCH_SIZE": 2.5})
+
+
+def test_redis_url_falls_back_to_redis_url() -> None:
+    assert load_config({"REDIS_URL": "redis://fallback/1"}).redis_url == "redis://fallback/1"
+
+
+def test_own_redis_url_wins_over_redis_url() -> None:
+    config = load_config(
+        {"REDIS_URL": "redis://fallback/1", "REDISSPINE_REDIS_URL": "redis://own/2"}
+    )
+    assert config.redis_url == "redis://own/2"
+
+
+def test_empty_redis_url_means_unset() -> None:
+    config = load_config({"REDISSPINE_REDIS_URL": "", "REDIS_URL": "redis://fallback/1"})
+    assert config.redis_url == "redis://fallback/1"
+    assert load_config({"REDISSPINE_REDIS_URL": ""}).redis_url is None
+
+
+def test_bad_fallback_url_is_rejected_naming_redis_url() -> None:
+    with pytest.raises(ConfigError, match="REDIS_URL"):
+        load_config({"REDIS_URL": 6379})
+
+
+# -- the README table ----------------------------------------------------------------
+
+
+def _readme_table_settings(text: str) -> set[str]:
+    """Names in the first cell of any Markdown table row of the README."""
+    names = set()
+    for line in text.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if not line.lstrip().startswith("|") or not cells:
+            continue
+        match = re.fullmatch(r"`?(REDISSPINE_[A-Z0-9_]+)`?", cells[0])
+        if match:
+            names.add(match.group(1))
+    return names
+
+
+def test_table_parser_reads_names_in_and_out_of_backticks() -> None:
+    text = (
+        "| Setting | Default | Meaning |\n|---|---|---|\n"
+        "| `REDISSPINE_PERSIST` | `True` | keep |\n"
+        "| REDISSPINE_SERIALIZER | msgpack | how |\n"
+        "REDISSPINE_KEEP_ALIVE is mentioned in prose only.\n"
+    )
+    assert _readme_table_settings(text) == {"REDISSPINE_PERSIST", "REDISSPINE_SERIALIZER"}
+
+
+def test_every_setting_is_in_the_readme_table() -> None:
+    documented = _readme_table_settings(README.read_text("utf-8"))
+    missing = [setting.name for setting in SETTINGS if setting.name not in documented]
+    assert not missing, f"settings missing from the README's settings table: {missing}"
+
+
+def test_readme_table_names_no_unknown_setting() -> None:
+    documented = _readme_table_settings(README.read_text("utf-8"))
+    unknown = documented - set(DEFAULTS)
+    assert not unknown, f"README documents settings that do not exist: {sorted(unknown)}"
