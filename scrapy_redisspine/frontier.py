@@ -32,6 +32,7 @@ EXPECTED_TYPES = {
     "leases": b"zset",
     "seq": b"string",
     "seen": b"set",
+    "dedup": b"hash",
     "starts": b"set",
     "dead": b"hash",
     "workers": b"zset",
@@ -150,7 +151,10 @@ class Frontier:
             args += [request.flags(), request.fingerprint, -request.priority, request.payload]
         k = self.keys
         statuses, acked = self._scripts["enqueue"](
-            keys=[k.queue, k.seq, k.seen, k.starts, k.inflight, k.leases, k.stats], args=args
+            keys=[
+                k.queue, k.seq, k.seen, k.starts, k.inflight, k.leases, k.stats, k.dedup, k.bloom
+            ],
+            args=args,
         )
         if isinstance(statuses, bytes):
             statuses = statuses.decode()

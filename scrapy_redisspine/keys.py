@@ -15,6 +15,8 @@ key                        type    written by                      lifetime
 ``P:{C}:seq``              STRING  enqueue (script)                whole crawl
 ``P:{C}:seen``             SET     enqueue (script), dupefilter    whole crawl
 ``P:{C}:starts``           SET     enqueue (script)                whole crawl
+``P:{C}:dedup``            HASH    dedup mode switch               whole crawl
+``P:{C}:bloom``            STRING  enqueue (script), migration     whole crawl
 ``P:{C}:dead``             HASH    bury (script)                   until re-injected
 ``P:{C}:workers``          ZSET    register, heartbeat, leave      whole crawl
 ``P:{C}:stats``            HASH    enqueue, lease, ack (scripts)   whole crawl
@@ -29,6 +31,9 @@ key                        type    written by                      lifetime
 - ``leases``: field = order key; score = lease time in milliseconds. Lets a sweep find
   old leases in O(stale) instead of scanning ``inflight``.
 - ``seen``: raw 20-byte request fingerprints (Scrapy's fingerprinter).
+- ``dedup``: the dedup mode (SET, migrating, Bloom) and the Bloom filter's parameters.
+- ``bloom``: the Bloom filter's bitmap when the server has no RedisBloom module (with
+  it, the same key holds a RedisBloom filter).
 - ``starts``: raw fingerprints of start requests, so that each start request enters the
   frontier once per crawl however many workers start, even with ``dont_filter``.
 - ``dead``: dead letters; field = order key, value = ``reason \\n score \\n member``.
@@ -87,6 +92,14 @@ class CrawlKeys:
         return self._key("seen")
 
     @property
+    def dedup(self) -> str:
+        return self._key("dedup")
+
+    @property
+    def bloom(self) -> str:
+        return self._key("bloom")
+
+    @property
     def starts(self) -> str:
         return self._key("starts")
 
@@ -115,6 +128,8 @@ class CrawlKeys:
             self.leases,
             self.seq,
             self.seen,
+            self.dedup,
+            self.bloom,
             self.starts,
             self.dead,
             self.workers,

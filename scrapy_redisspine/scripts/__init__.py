@@ -8,6 +8,7 @@ script again by itself.
 
 from __future__ import annotations
 
+import re
 from functools import cache
 from importlib import resources
 from typing import TYPE_CHECKING
@@ -27,12 +28,23 @@ SCRIPT_NAMES = (
 )
 
 
+_INCLUDE = re.compile(r"^--\s*#include\s+(\w+)\s*$", re.MULTILINE)
+
+
+def _read(relative: str) -> str:
+    return resources.files(__package__).joinpath(relative).read_text("utf-8")
+
+
 @cache
 def source(name: str) -> str:
-    """The text of ``scripts/<name>.lua``."""
+    """The text of ``scripts/<name>.lua``, with ``-- #include lib`` lines expanded.
+
+    Redis scripts cannot call each other; a shared library (e.g. the dedup check
+    every enqueue path needs) is pasted in instead, so it stays written once.
+    """
     if name not in SCRIPT_NAMES:
         raise KeyError(f"no Lua script named {name!r}")
-    return resources.files(__package__).joinpath(f"{name}.lua").read_text("utf-8")
+    return _INCLUDE.sub(lambda match: _read(f"lib/{match.group(1)}.lua"), _read(f"{name}.lua"))
 
 
 class ScriptSet:

@@ -12,6 +12,8 @@ KEYS[4]  starts    SET    raw fingerprints of start requests (once per crawl)
 KEYS[5]  inflight  HASH   order key -> owner \n score \n member
 KEYS[6]  leases    ZSET   order key -> lease time (ms)
 KEYS[7]  stats     HASH   fleet-wide counters
+KEYS[8]  dedup     HASH   dedup mode and Bloom filter parameters (lib/dedup.lua)
+KEYS[9]  bloom     STRING Bloom filter bitmap (lib/dedup.lua)
 
 ARGV[1]  order     "fifo" or "lifo"
 ARGV[2]  owner     worker id; only its own leases are acked
@@ -24,8 +26,10 @@ Returns { statuses, acked }: statuses has one character per request,
 "+" enqueued, "d" duplicate (seen), "s" start request already injected;
 acked counts the acks that matched a lease of this owner.
 ]]
-local queue, seq, seen, starts = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local queue, seq, starts = KEYS[1], KEYS[2], KEYS[4]
 local inflight, leases, stats = KEYS[5], KEYS[6], KEYS[7]
+local dedup_seen, dedup_meta, dedup_bloom = KEYS[3], KEYS[8], KEYS[9]
+-- #include dedup
 local order, owner = ARGV[1], ARGV[2]
 local n_acks = tonumber(ARGV[3])
 local first_request = 4 + n_acks
@@ -50,7 +54,7 @@ for i = 0, n_requests - 1 do
     local status = "+"
     if string.find(flags, "s", 1, true) and redis.call("SADD", starts, fingerprint) == 0 then
         status = "s"
-    elseif string.find(flags, "f", 1, true) and redis.call("SADD", seen, fingerprint) == 0 then
+    elseif string.find(flags, "f", 1, true) and dedup_add(fingerprint) == 0 then
         status = "d"
     end
     statuses[#statuses + 1] = status
