@@ -1,9 +1,9 @@
 """One line in ``ADDONS`` switches the plugin on.
 
 Sets the scheduler and the dupefilter with the ``addon`` priority, so a project that
-sets them explicitly in settings.py still wins. (The in-flight downloader middleware
-and the crash-recovery extension arrive with the crash-safety work; the scheduler
-already leases and acks on its own.)
+sets them explicitly in settings.py still wins, and enables the recovery extension
+(the sweep that requeues the work of dead workers) and the politeness downloader
+middleware (Retry-After and robots.txt Crawl-delay, shared fleet-wide).
 """
 
 from __future__ import annotations
@@ -22,3 +22,9 @@ class Addon:
         settings.set(
             "DUPEFILTER_CLASS", "scrapy_redisspine.dupefilter.RedisDupeFilter", "addon"
         )
+        from scrapy_redisspine.extension import Recovery
+        from scrapy_redisspine.middleware import Politeness
+
+        settings.setdefault_in_component_priority_dict("EXTENSIONS", Recovery, 500)
+        # After RetryMiddleware (550) on the way in: sees 429/503 before it retries.
+        settings.setdefault_in_component_priority_dict("DOWNLOADER_MIDDLEWARES", Politeness, 560)

@@ -1,28 +1,37 @@
 """Fleet-wide duplicate filter: one record of seen fingerprints in Redis.
 
 With this package's scheduler the seen-check does not happen here: the scheduler
-sends each request's fingerprint with it, and the enqueue script decides with SADD in
-the same atomic step that queues the request, so K workers discovering one URL at
-once enqueue it once. Used with another scheduler, ``request_seen`` does the SADD
-itself (still atomic, one round trip per request).
+sends each request's fingerprint with it, and the enqueue script decides (through
+``scripts/lib/dedup.lua``) in the same atomic step that queues the request, so K
+workers discovering one URL at once enqueue it once. Used with another scheduler,
+``request_seen`` runs the same Lua library itself (one round trip per request).
 
-Keys touched: ``seen`` (SET of raw 20-byte fingerprints).
+The record starts as an exact SET and switches to a Bloom filter when it grows
+past ``REDISSPINE_DEDUP_SET_MAX_FINGERPRINTS`` (see ``dedup.py``). This filter keeps
+that switch moving: while it is open, a timer on the reactor checks the SET every
+``REDISSPINE_DEDUP_CHECK_SECONDS`` and, during a switch, moves it into the filter in
+chunks of a few milliseconds each, leaving the reactor in between.
+
+Keys touched: ``seen`` (SET), ``dedup`` (HASH), ``bloom`` (Bloom filter).
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+import redis
 from scrapy.dupefilters import BaseDupeFilter
 from scrapy.utils.request import referer_str
 
+from scrapy_redisspine.dedup import IMPL_BITMAP, MODE_SET, Dedup, DedupParams, MaintenanceStep
 from scrapy_redisspine.keys import CrawlKeys
 from scrapy_redisspine.settings import SpineConfig, load_config
+from scrapy_redisspine.tracking import TrackingParams, canonical_url, tracking_params
 from scrapy_redisspine.worker import WorkerConnection, new_worker_id
 
 if TYPE_CHECKING:
-    import redis
     from scrapy import Request, Spider
     from scrapy.crawler import Crawler
     from scrapy.statscollectors import StatsCollector
@@ -32,66 +41,183 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+FINGERPRINT_BYTES = 20  # Scrapy's (SHA1); other lengths are hashed down to it
+#: Longest a maintenance tick holds the reactor while it migrates the SET.
+MIGRATION_BUDGET_SECONDS = 0.02
+#: Pause between migration ticks, so the worker keeps crawling meanwhile.
+MIGRATION_PAUSE_SECONDS = 0.02
+
+
+def fingerprint_request(
+    fingerprinter: RequestFingerprinterProtocol,
+    request: Request,
+    tracking: TrackingParams | None = None,
+) -> bytes:
+    """The fingerprint every path into the frontier uses (workers and pushes alike)."""
+    if tracking is not None:
+        url = canonical_url(request.url, tracking)
+        if url != request.url:
+            request = request.replace(url=url)
+    fingerprint = bytes(fingerprinter.fingerprint(request))
+    if len(fingerprint) != FINGERPRINT_BYTES:
+        # A custom fingerprinter: keep the record compact and its bytes uniform
+        # (the Bloom filter's bit positions come straight from them).
+        fingerprint = hashlib.sha1(fingerprint).digest()
+    return fingerprint
+
 
 class RedisDupeFilter(BaseDupeFilter):
-    """Shares the crawl's ``seen`` SET with every worker."""
+    """Shares the crawl's dedup record (SET, then Bloom filter) with every worker.
+
+    ``clock`` (a twisted ``IReactorTime``; the reactor under Scrapy) runs the
+    maintenance timer; without one, call :meth:`maintain` yourself.
+    """
 
     def __init__(
         self,
         fingerprinter: RequestFingerprinterProtocol,
         config: SpineConfig,
+        *,
         stats: StatsCollector | None = None,
         debug: bool = False,
         crawler: Crawler | None = None,
+        clock: Any = None,
     ) -> None:
         self.fingerprinter = fingerprinter
         self.config = config
         self.stats = stats
         self.debug = debug
         self.crawler = crawler
+        self.clock = clock
         self.logdupes = True
+        self.dedup: Dedup | None = None
+        self._tracking = (
+            tracking_params(config.dedup_extra_tracking_params)
+            if config.dedup_strip_tracking_params else None
+        )
         self._client: redis.Redis | None = None
-        self._seen_key: str | None = None
+        self._keys: CrawlKeys | None = None
         self._own_connection: WorkerConnection | None = None
+        self._timer: Any = None  # twisted IDelayedCall
+        self._warned_full = False
+        self._failing = False
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> RedisDupeFilter:
+        from twisted.internet import reactor
+
         return cls(
             crawler.request_fingerprinter,
             load_config(crawler.settings),
             stats=crawler.stats,
             debug=crawler.settings.getbool("DUPEFILTER_DEBUG"),
             crawler=crawler,
+            clock=reactor,
         )
 
     def bind(self, frontier: Frontier) -> None:
         """Share the scheduler's connection and crawl keys."""
         self._client = frontier.client
-        self._seen_key = frontier.keys.seen
+        self._keys = frontier.keys
+
+    # -- lifecycle -------------------------------------------------------------------
 
     def open(self) -> None:
-        if self._client is not None:
-            return
-        spider = self.crawler.spider if self.crawler is not None else None
-        crawl_id = self.config.crawl_id or (spider.name if spider is not None else None)
-        if not crawl_id:
-            raise RuntimeError("RedisDupeFilter needs REDISSPINE_CRAWL_ID or a spider name")
-        self._own_connection = WorkerConnection.open(self.config, crawl_id, new_worker_id())
-        self._client = self._own_connection.client
-        self._seen_key = CrawlKeys(self.config.key_prefix, crawl_id).seen
+        if self._client is None or self._keys is None:
+            spider = self.crawler.spider if self.crawler is not None else None
+            crawl_id = self.config.crawl_id or (spider.name if spider is not None else None)
+            if not crawl_id:
+                raise RuntimeError("RedisDupeFilter needs REDISSPINE_CRAWL_ID or a spider name")
+            self._own_connection = WorkerConnection.open(self.config, crawl_id, new_worker_id())
+            self._client = self._own_connection.client
+            self._keys = CrawlKeys(self.config.key_prefix, crawl_id)
+        self.dedup = Dedup(self._client, self._keys, DedupParams.from_config(self.config))
+        state = self.dedup.open()
+        if state.mode != MODE_SET:
+            logger.info(
+                "redisspine: dedup record of crawl %r is a %s Bloom filter (%s)",
+                self._keys.crawl_id, state.impl, state.mode,
+            )
+        if self.clock is not None:
+            self._timer = self.clock.callLater(0, self._tick)
 
     def close(self, reason: str) -> None:
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        self._timer = None
         if self._own_connection is not None:
             self._own_connection.close()
             self._own_connection = None
 
+    # -- fingerprints ----------------------------------------------------------------
+
     def fingerprint(self, request: Request) -> bytes:
-        return bytes(self.fingerprinter.fingerprint(request))
+        """Scrapy's fingerprint of the request (of its cleaned URL with the tracking
+        option), as 20 raw bytes."""
+        return fingerprint_request(self.fingerprinter, request, self._tracking)
 
     def request_seen(self, request: Request) -> bool:
-        if self._client is None or self._seen_key is None:
+        if self.dedup is None:
             raise RuntimeError("RedisDupeFilter.request_seen() called before open()")
-        return self._client.sadd(self._seen_key, self.fingerprint(request)) == 0
+        return not self.dedup.add([self.fingerprint(request)])[0]
+
+    # -- the SET-to-Bloom switch ----------------------------------------------------------
+
+    def maintain(self) -> MaintenanceStep | None:
+        """One maintenance step (switch if due, migrate a little); None on a Redis error."""
+        assert self.dedup is not None
+        try:
+            step = self.dedup.maintain(MIGRATION_BUDGET_SECONDS)
+            if step.mode != MODE_SET and not self._warned_full:
+                self._warn_if_full()
+        except redis.RedisError as exc:
+            if not self._failing:
+                logger.warning("redisspine: dedup maintenance failed (%s); will retry", exc)
+            self._failing = True
+            self._inc("redisspine/redis_errors/dedup")
+            return None
+        self._failing = False
+        self._report(step)
+        return step
+
+    def _tick(self) -> None:
+        step = self.maintain()
+        more = step is not None and step.more
+        delay = MIGRATION_PAUSE_SECONDS if more else self.config.dedup_check_seconds
+        if self.clock is not None and self._timer is not None:
+            self._timer = self.clock.callLater(delay, self._tick)
+
+    def _report(self, step: MaintenanceStep) -> None:
+        assert self._keys is not None
+        assert self.dedup is not None
+        if step.switched:
+            logger.info(
+                "redisspine: dedup SET %s passed %d fingerprints: switching crawl %r to a "
+                "%s Bloom filter (capacity %d, error rate %g) without stopping",
+                self._keys.seen, self.config.dedup_set_max_fingerprints, self._keys.crawl_id,
+                self.dedup.impl, self.config.bloom_capacity, self.config.bloom_error_rate,
+            )
+            self._inc("redisspine/dedup/switched")
+        if step.moved:
+            self._inc("redisspine/dedup/migrated", step.moved)
+        if step.finished:
+            logger.info("redisspine: dedup switch done: the SET is gone, %s holds the "
+                        "record", self._keys.bloom)
+
+    def _warn_if_full(self) -> None:
+        assert self.dedup is not None
+        state = self.dedup.state()
+        if state.impl == IMPL_BITMAP and state.full:
+            self._warned_full = True
+            logger.warning(
+                "redisspine: the dedup Bloom filter %s is full (%d fingerprints, its largest "
+                "size): its false-positive rate now climbs. Start a new crawl with a larger "
+                "REDISSPINE_BLOOM_CAPACITY.", self.dedup.keys.bloom, state.filter_count,
+            )
+
+    def _inc(self, name: str, count: int = 1) -> None:
+        if self.stats is not None:
+            self.stats.inc_value(name, count)
 
     def log(self, request: Request, spider: Spider | None) -> None:
         if self.debug:

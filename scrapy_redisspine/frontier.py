@@ -11,25 +11,34 @@ queue) or ``bury`` (dead letters).
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+import redis
 
 from scrapy_redisspine.scripts import ScriptSet
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
 
-    import redis
-
     from scrapy_redisspine.keys import CrawlKeys
 
 ORDER_KEY_LENGTH = 15
+PRIORITY_KEY_LENGTH = 10
 
 #: Redis type each key must have when it exists (``TYPE`` reply).
 EXPECTED_TYPES = {
     "queue": b"zset",
+    "hosts": b"zset",
+    "busy": b"hash",
+    "backlog": b"hash",
+    "host_next": b"hash",
+    "host_delay": b"hash",
     "inflight": b"hash",
     "leases": b"zset",
+    "owned": b"zset",
+    "requeues": b"hash",
     "seq": b"string",
     "seen": b"set",
     "dedup": b"hash",
@@ -44,6 +53,15 @@ class CorruptKeyError(RuntimeError):
     """A crawl key holds a value of the wrong Redis type."""
 
 
+_PRIORITY_MAX = 2**31 - 1
+
+
+def priority_key(priority: int) -> str:
+    """10 digits that sort the higher priority first (clamped to 32 bits)."""
+    clamped = max(-_PRIORITY_MAX - 1, min(_PRIORITY_MAX, priority))
+    return f"{_PRIORITY_MAX - clamped:010d}"
+
+
 @dataclass(frozen=True)
 class NewRequest:
     """A request on its way into the frontier.
@@ -51,6 +69,7 @@ class NewRequest:
     Unless ``dont_filter``, ``fingerprint`` is checked against the crawl's seen-set.
     ``is_start`` makes a start request enter once per crawl, whichever worker sends it
     first, even with ``dont_filter`` (Scrapy's default start requests set it).
+    ``lane`` is its politeness lane (host or registered domain; "" for none).
     """
 
     payload: bytes
@@ -58,18 +77,49 @@ class NewRequest:
     priority: int = 0
     dont_filter: bool = False
     is_start: bool = False
+    lane: str = ""
 
     def flags(self) -> str:
         flags = ("f" if not self.dont_filter else "") + ("s" if self.is_start else "")
         return flags or "-"
 
 
+def split_member(member: bytes) -> tuple[str, str, bytes]:
+    """(lane, order key, payload) of a queue member."""
+    sep = member.index(b"\0")
+    start = sep + 1 + PRIORITY_KEY_LENGTH
+    return (
+        member[:sep].decode("utf-8", "replace"),
+        member[start:start + ORDER_KEY_LENGTH].decode("ascii"),
+        member[start + ORDER_KEY_LENGTH:],
+    )
+
+
 @dataclass(frozen=True)
 class Lease:
-    """A request leased to this worker; ``key`` identifies it in in-flight."""
+    """A request leased to this worker.
+
+    ``key`` identifies it in in-flight; ``token`` fences it (acks and releases must
+    present it); ``requeues`` counts how often it came back from a dead worker;
+    ``crawl_delay`` is its lane's robots.txt Crawl-delay if any worker learned one.
+    """
 
     key: str
+    token: str
     payload: bytes
+    requeues: int = 0
+    lane: str = ""
+    crawl_delay: float | None = None
+
+    @property
+    def handle(self) -> LeaseHandle:
+        return (self.key, self.token)
+
+
+#: (order key, fencing token): what a release must present.
+LeaseHandle = tuple[str, str]
+#: (order key, fencing token, rest of its lane in ms): what an ack presents.
+Ack = tuple[str, str, int]
 
 
 @dataclass(frozen=True)
@@ -78,11 +128,28 @@ class LeaseBatch:
     queued: int
     inflight: int
     malformed: int = 0  # queue members not written by enqueue, moved to dead letters
+    wait_ms: int = -1  # until the next lane is due (-1: none scheduled)
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    requeued: int
+    dead_lettered: int
+    workers_removed: int
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    field: str
+    reason: str
+    lane: str
+    payload: bytes
 
 
 @dataclass(frozen=True)
 class EnqueueResult:
-    """Per request: ``+`` enqueued, ``d`` duplicate, ``s`` start already injected."""
+    """Per request: ``+`` enqueued, ``d`` duplicate, ``s`` start already injected,
+    ``c`` dropped because its lane's backlog is at the cap."""
 
     statuses: str
     acked: int
@@ -99,7 +166,14 @@ class Frontier:
     """
 
     def __init__(
-        self, client: redis.Redis, keys: CrawlKeys, worker_id: str, order: str = "fifo"
+        self,
+        client: redis.Redis,
+        keys: CrawlKeys,
+        worker_id: str,
+        order: str = "fifo",
+        *,
+        concurrency: int = 1,
+        backlog_cap: int = 0,
     ) -> None:
         if order not in ("fifo", "lifo"):
             raise ValueError(f"order must be 'fifo' or 'lifo', got {order!r}")
@@ -107,7 +181,13 @@ class Frontier:
         self.keys = keys
         self.worker_id = worker_id
         self.order = order
+        self.concurrency = concurrency
+        self.backlog_cap = backlog_cap
         self._scripts = ScriptSet(client)
+
+    def _host_keys(self) -> list[str]:
+        k = self.keys
+        return [k.hosts, k.busy, k.backlog, k.host_next]
 
     def check_key_types(self) -> None:
         """Fail early, naming the key, if a crawl key holds the wrong type."""
@@ -135,24 +215,45 @@ class Frontier:
         flushed, alive = self._scripts["register"](
             keys=keys, args=[self.worker_id, "1" if flush else "0", alive_ms]
         )
-        self.client.sadd(self.keys.crawls, self.keys.crawl_id)
+        if not self.client.sismember(self.keys.crawls, self.keys.crawl_id):
+            # A full Redis refuses this; the registry of crawl ids can wait.
+            with contextlib.suppress(redis.exceptions.OutOfMemoryError):
+                self.client.sadd(self.keys.crawls, self.keys.crawl_id)
         return bool(flushed), int(alive)
 
-    def heartbeat(self) -> int:
-        return int(self._scripts["heartbeat"](keys=[self.keys.workers], args=[self.worker_id]))
+    def heartbeat(self, timeout_ms: int = 30_000) -> bool:
+        """Stamp this worker alive; False if it was silent past ``timeout_ms`` (a sweep
+        may have requeued some or all of its leases meanwhile)."""
+        return bool(
+            self._scripts["heartbeat"](keys=[self.keys.workers], args=[self.worker_id, timeout_ms])
+        )
 
     def leave(self) -> None:
         self.client.zrem(self.keys.workers, self.worker_id)
 
-    def enqueue(self, requests: Sequence[NewRequest], acks: Sequence[str] = ()) -> EnqueueResult:
-        """Queue requests (dedup decided in Redis) and ack leases, atomically."""
-        args: list[bytes | str | int] = [self.order, self.worker_id, len(acks), *acks]
+    def enqueue(
+        self, requests: Sequence[NewRequest], acks: Sequence[Ack | LeaseHandle] = ()
+    ) -> EnqueueResult:
+        """Queue requests (dedup decided in Redis) and ack leases, atomically.
+
+        An ack may carry how long its lane must rest from now (ms): the end of a fetch
+        plus the lane's delay, or a Retry-After block.
+        """
+        args: list[bytes | str | int] = [
+            self.order, self.worker_id, len(acks), self.concurrency, self.backlog_cap,
+        ]
+        for ack in acks:
+            args += [ack[0], ack[1], ack[2] if len(ack) > 2 else 0]  # type: ignore[misc]
         for request in requests:
-            args += [request.flags(), request.fingerprint, -request.priority, request.payload]
+            args += [
+                request.flags(), request.fingerprint, request.lane,
+                priority_key(request.priority), request.payload,
+            ]
         k = self.keys
         statuses, acked = self._scripts["enqueue"](
             keys=[
-                k.queue, k.seq, k.seen, k.starts, k.inflight, k.leases, k.stats, k.dedup, k.bloom
+                k.queue, k.seq, k.seen, k.starts, k.inflight, k.leases, k.stats, k.dedup,
+                k.bloom, k.owned, k.requeues, *self._host_keys(),
             ],
             args=args,
         )
@@ -160,41 +261,118 @@ class Frontier:
             statuses = statuses.decode()
         return EnqueueResult(statuses, int(acked))
 
-    def ack(self, keys: Sequence[str]) -> int:
+    def ack(self, acks: Sequence[Ack | LeaseHandle]) -> int:
         """Ack leases whose processing is done (with no children to queue)."""
-        return self.enqueue((), keys).acked if keys else 0
+        return self.enqueue((), acks).acked if acks else 0
 
     def lease(self, count: int) -> LeaseBatch:
-        """Lease up to ``count`` requests (highest priority first)."""
+        """Lease up to ``count`` requests, at most one per due lane."""
         k = self.keys
-        members, queued, inflight, malformed = self._scripts["lease"](
-            keys=[k.queue, k.inflight, k.leases, k.stats, k.dead, k.seq],
-            args=[self.worker_id, count],
+        reply = self._scripts["lease"](
+            keys=[
+                k.queue, k.inflight, k.leases, k.stats, k.dead, k.seq, k.owned, k.requeues,
+                *self._host_keys(), k.host_delay,
+            ],
+            args=[self.worker_id, count, self.concurrency],
         )
-        leases = [
-            Lease(member[:ORDER_KEY_LENGTH].decode("ascii"), member[ORDER_KEY_LENGTH:])
-            for member in members
-        ]
-        return LeaseBatch(leases, int(queued), int(inflight), int(malformed))
+        members, token, requeued, delays, queued, inflight, malformed, wait_ms = reply
+        token = str(int(token))
+        leases = []
+        for member, times, delay in zip(members, requeued, delays, strict=True):
+            lane, key, payload = split_member(member)
+            leases.append(Lease(key, token, payload, int(times), lane,
+                                float(delay) if delay else None))
+        return LeaseBatch(leases, int(queued), int(inflight), int(malformed), int(wait_ms))
 
-    def release(self, keys: Iterable[str]) -> int:
+    def release(self, handles: Iterable[LeaseHandle]) -> int:
         """Put this worker's leases back in the queue, as they were."""
-        keys = list(keys)
-        if not keys:
+        args: list[str | int] = [self.worker_id, self.concurrency]
+        for key, token in handles:
+            args += [key, token]
+        if len(args) == 2:
             return 0
         k = self.keys
         return int(
             self._scripts["release"](
-                keys=[k.queue, k.inflight, k.leases, k.stats], args=[self.worker_id, *keys]
+                keys=[k.queue, k.inflight, k.leases, k.stats, k.owned, *self._host_keys()],
+                args=args,
             )
         )
 
-    def bury(self, key: str, reason: str) -> bool:
+    def release_orphans(self, known_keys: Iterable[str], limit: int = 10_000) -> int:
+        """Return leases recorded for this worker that it never received (lost reply)."""
+        k = self.keys
+        return int(
+            self._scripts["release_orphans"](
+                keys=[k.owned, k.inflight, k.leases, k.queue, k.stats, *self._host_keys()],
+                args=[self.worker_id, limit, self.concurrency, *known_keys],
+            )
+        )
+
+    def bury(self, handle: LeaseHandle, reason: str) -> bool:
         """Move a lease that can never be processed to the dead letters."""
         k = self.keys
+        key, token = handle
         return bool(
             self._scripts["bury"](
-                keys=[k.inflight, k.leases, k.dead, k.stats], args=[self.worker_id, key, reason]
+                keys=[
+                    k.inflight, k.leases, k.dead, k.stats, k.owned, k.requeues,
+                    *self._host_keys(),
+                ],
+                args=[self.worker_id, key, token, reason, self.concurrency],
+            )
+        )
+
+    def set_crawl_delay(self, lane: str, seconds: float) -> None:
+        """Share a lane's robots.txt Crawl-delay with the fleet."""
+        self.client.hset(self.keys.host_delay, lane, f"{seconds:g}")
+
+    def requeue_stale(
+        self,
+        *,
+        timeout_ms: int,
+        ceiling_ms: int,
+        max_requeues: int,
+        limit: int = 1000,
+        rest_ms: int = 0,
+    ) -> SweepResult:
+        """Requeue leases of silent workers and leases past the ceiling (any worker)."""
+        k = self.keys
+        requeued, dead, removed = self._scripts["requeue_stale"](
+            keys=[
+                k.workers, k.owned, k.inflight, k.leases, k.queue, k.dead, k.requeues, k.stats,
+                *self._host_keys(),
+            ],
+            args=[timeout_ms, ceiling_ms, max_requeues, limit, self.concurrency, rest_ms],
+        )
+        return SweepResult(int(requeued), int(dead), int(removed))
+
+    def dead_letters(self, limit: int = 100) -> list[DeadLetter]:
+        """Up to ``limit`` dead letters (HSCAN: never blocks Redis on a big crawl)."""
+        letters: list[DeadLetter] = []
+        for field, value in self.client.hscan_iter(self.keys.dead, count=limit):
+            reason, member = value.split(b"\n", 1)
+            try:
+                lane, _, payload = split_member(member)
+            except (ValueError, UnicodeDecodeError):
+                lane, payload = "", member
+            letters.append(
+                DeadLetter(field.decode(), reason.decode(errors="replace"), lane, payload)
+            )
+            if len(letters) >= limit:
+                break
+        return letters
+
+    def reinject_dead(self, fields: Iterable[str]) -> int:
+        """Put dead letters back in the queue with a fresh requeue budget."""
+        fields = list(fields)
+        if not fields:
+            return 0
+        k = self.keys
+        return int(
+            self._scripts["reinject_dead"](
+                keys=[k.dead, k.queue, k.requeues, k.stats, *self._host_keys()],
+                args=[self.concurrency, *fields],
             )
         )
 
@@ -205,6 +383,17 @@ class Frontier:
         pipe.hlen(self.keys.inflight)
         queued, inflight = pipe.execute()
         return int(queued), int(inflight)
+
+    def fleet_stats(self) -> dict[str, int]:
+        """The crawl's fleet-wide counters (a small HASH of a dozen fields)."""
+        raw: dict[bytes, bytes] = self.client.hgetall(self.keys.stats)  # type: ignore[assignment]
+        return {name.decode(): int(value) for name, value in raw.items()}
+
+    def workers_alive(self, timeout_ms: int) -> int:
+        """Workers whose last heartbeat is younger than ``timeout_ms`` (server time)."""
+        seconds, micros = self.client.time()
+        now_ms = seconds * 1000 + micros // 1000
+        return int(self.client.zcount(self.keys.workers, now_ms - timeout_ms, "+inf"))
 
     def purge_if_done(self) -> bool:
         """Delete the crawl's keys if nothing is queued or in flight."""

@@ -10,8 +10,15 @@ Key map (``P`` is the prefix, ``C`` the crawl id):
 key                        type    written by                      lifetime
 =========================  ======  ==============================  =====================
 ``P:{C}:queue``            ZSET    enqueue, release (scripts)      until leased
+``P:{C}:hosts``            ZSET    enqueue, lease, ack (scripts)   while a lane has work
+``P:{C}:busy``             HASH    lease, ack, release (scripts)   while a lane has leases
+``P:{C}:backlog``          HASH    enqueue, lease (scripts)        while a lane has work
+``P:{C}:host_next``        HASH    ack (script)                    whole crawl
+``P:{C}:host_delay``       HASH    workers (robots.txt)            whole crawl
 ``P:{C}:inflight``         HASH    lease, ack, release (scripts)   lease -> ack/release
 ``P:{C}:leases``           ZSET    lease, ack, release (scripts)   same as ``inflight``
+``P:{C}:owned``            ZSET    lease, ack, release (scripts)   same as ``inflight``
+``P:{C}:requeues``         HASH    requeue_stale, ack (scripts)    until acked/dead
 ``P:{C}:seq``              STRING  enqueue (script)                whole crawl
 ``P:{C}:seen``             SET     enqueue (script), dupefilter    whole crawl
 ``P:{C}:starts``           SET     enqueue (script)                whole crawl
@@ -23,20 +30,32 @@ key                        type    written by                      lifetime
 ``P:crawls``               SET     register (script)               until purged
 =========================  ======  ==============================  =====================
 
-- ``queue``: member = 15-digit order key + serialized request; score = minus the
-  request's priority. ``ZPOPMIN`` therefore yields the highest priority first and,
-  among equal priorities, the lowest order key (FIFO, or LIFO with complemented keys).
-- ``inflight``: field = order key; value = ``owner \\n score \\n queue member``, i.e.
-  everything needed to put the request back exactly as it was.
+- ``queue``: score 0; member = lane, NUL, 10-digit priority key, 15-digit order key,
+  serialized request. A lex range holds one lane's requests: highest priority first,
+  then FIFO (or LIFO, with complemented order keys).
+- ``hosts``: lane -> time (ms) it may next be leased; holds the lanes with queued
+  requests and a free slot. ``busy``: lane -> requests in flight fleet-wide.
+  ``backlog``: lane -> requests queued. ``host_next``: lane -> end of its last fetch
+  plus its delay (or a Retry-After block). ``host_delay``: lane -> robots.txt
+  Crawl-delay (seconds), learned once by any worker.
+- ``inflight``: field = order key; value = ``owner \\n token \\n queue member``, i.e.
+  everything needed to put the request back exactly as it was, and the fencing token
+  an ack must present.
 - ``leases``: field = order key; score = lease time in milliseconds. Lets a sweep find
   old leases in O(stale) instead of scanning ``inflight``.
-- ``seen``: raw 20-byte request fingerprints (Scrapy's fingerprinter).
+- ``owned``: score 0, member = ``owner \\n order key``; a lex range gives one worker's
+  leases, so requeuing a dead worker's work costs O(its leases).
+- ``requeues``: how often a request was requeued after its worker died; past
+  ``REDISSPINE_MAX_REQUEUES`` it becomes a dead letter.
+- ``seen``: the first 14 bytes of each 20-byte request fingerprint (Scrapy's
+  fingerprinter; 14 bytes fit Redis's 16-byte allocation class); drained into
+  ``bloom`` when the crawl switches to the Bloom filter.
 - ``dedup``: the dedup mode (SET, migrating, Bloom) and the Bloom filter's parameters.
 - ``bloom``: the Bloom filter's bitmap when the server has no RedisBloom module (with
   it, the same key holds a RedisBloom filter).
 - ``starts``: raw fingerprints of start requests, so that each start request enters the
   frontier once per crawl however many workers start, even with ``dont_filter``.
-- ``dead``: dead letters; field = order key, value = ``reason \\n score \\n member``.
+- ``dead``: dead letters; field = order key, value = ``reason \\n queue member``.
 - ``workers``: worker id -> last heartbeat (ms).
 - ``stats``: fleet-wide counters (``enqueued``, ``filtered``, ``leased``, ``acked`` ...).
 - ``P:crawls`` is the one key outside a crawl's hash tag: the set of crawl ids on this
@@ -76,12 +95,40 @@ class CrawlKeys:
         return self._key("queue")
 
     @property
+    def hosts(self) -> str:
+        return self._key("hosts")
+
+    @property
+    def busy(self) -> str:
+        return self._key("busy")
+
+    @property
+    def backlog(self) -> str:
+        return self._key("backlog")
+
+    @property
+    def host_next(self) -> str:
+        return self._key("host_next")
+
+    @property
+    def host_delay(self) -> str:
+        return self._key("host_delay")
+
+    @property
     def inflight(self) -> str:
         return self._key("inflight")
 
     @property
     def leases(self) -> str:
         return self._key("leases")
+
+    @property
+    def owned(self) -> str:
+        return self._key("owned")
+
+    @property
+    def requeues(self) -> str:
+        return self._key("requeues")
 
     @property
     def seq(self) -> str:
@@ -124,8 +171,15 @@ class CrawlKeys:
         """Every key that belongs to this crawl alone (what a flush deletes)."""
         return (
             self.queue,
+            self.hosts,
+            self.busy,
+            self.backlog,
+            self.host_next,
+            self.host_delay,
             self.inflight,
             self.leases,
+            self.owned,
+            self.requeues,
             self.seq,
             self.seen,
             self.dedup,

@@ -22,10 +22,13 @@ from scrapy import Request
 from scrapy.utils.request import RequestFingerprinter
 
 from scrapy_redisspine.connection import client_from_url
+from scrapy_redisspine.dupefilter import fingerprint_request
 from scrapy_redisspine.frontier import EnqueueResult, Frontier, NewRequest
 from scrapy_redisspine.keys import CrawlKeys
+from scrapy_redisspine.politeness import make_lane_function
 from scrapy_redisspine.request_codec import RequestCodec
 from scrapy_redisspine.serialization import get_serializer
+from scrapy_redisspine.tracking import tracking_params
 from scrapy_redisspine.worker import new_worker_id
 
 if TYPE_CHECKING:
@@ -45,16 +48,25 @@ def push_requests(
     serializer: str = "msgpack",
     order: str = "fifo",
     fingerprinter: RequestFingerprinterProtocol | None = None,
+    strip_tracking_params: bool = False,
+    politeness_key: str = "host",
 ) -> EnqueueResult:
-    """Enqueue requests (callbacks by name: ``callback`` or None for ``parse``)."""
+    """Enqueue requests (callbacks by name: ``callback`` or None for ``parse``).
+
+    ``strip_tracking_params`` and ``politeness_key`` must match the crawl's
+    ``REDISSPINE_DEDUP_STRIP_TRACKING_PARAMS`` and ``REDISSPINE_POLITENESS_KEY``.
+    """
     fingerprinter = fingerprinter or RequestFingerprinter()
+    tracking = tracking_params() if strip_tracking_params else None
+    lane = make_lane_function(politeness_key)
     codec = RequestCodec(None, get_serializer(serializer))
     entries = [
         NewRequest(
             codec.encode(request, callback_name=callback),
-            bytes(fingerprinter.fingerprint(request)),
+            fingerprint_request(fingerprinter, request, tracking),
             request.priority,
             dont_filter=request.dont_filter,
+            lane=lane(request.url),
         )
         for request in requests
     ]
@@ -70,6 +82,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--callback", default=None, help="spider method name (default: parse)")
     parser.add_argument("--priority", type=int, default=0)
     parser.add_argument("--serializer", default="msgpack", choices=("msgpack", "json"))
+    parser.add_argument("--strip-tracking-params", action="store_true",
+                        help="as the crawl's REDISSPINE_DEDUP_STRIP_TRACKING_PARAMS")
+    parser.add_argument("--politeness-key", default="host", choices=("host", "domain"),
+                        help="as the crawl's REDISSPINE_POLITENESS_KEY")
     parser.add_argument("--file", help="file with one URL per line ('-' for stdin)")
     parser.add_argument("urls", nargs="*")
     args = parser.parse_args(argv)
@@ -88,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     result = push_requests(
         client_from_url(args.redis_url), args.crawl, requests,
         callback=args.callback, prefix=args.prefix, serializer=args.serializer,
+        strip_tracking_params=args.strip_tracking_params, politeness_key=args.politeness_key,
     )
     print(f"{result.enqueued} new, {len(requests) - result.enqueued} already seen, {bad} invalid")
     return 1 if bad else 0

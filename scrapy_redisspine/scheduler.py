@@ -29,10 +29,13 @@ from scrapy.dupefilters import BaseDupeFilter
 from scrapy.utils.misc import build_from_crawler, load_object
 from twisted.internet import task
 
+from scrapy_redisspine import signals
 from scrapy_redisspine._engine import EngineHooks
 from scrapy_redisspine.dupefilter import RedisDupeFilter
-from scrapy_redisspine.frontier import Frontier, NewRequest
+from scrapy_redisspine.frontier import Ack, Frontier, Lease, LeaseHandle, NewRequest
+from scrapy_redisspine.health import RedisHealth
 from scrapy_redisspine.keys import CrawlKeys
+from scrapy_redisspine.politeness import DelayPolicy, make_lane_function
 from scrapy_redisspine.request_codec import RequestCodec, RequestEncodeError
 from scrapy_redisspine.serialization import get_serializer
 from scrapy_redisspine.settings import SpineConfig, load_config
@@ -45,7 +48,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-_ERROR_LOG_INTERVAL_SECONDS = 10.0
+_CLOSE_ATTEMPTS = 5
+_SHED_LOG_INTERVAL_SECONDS = 60.0
 
 
 class Scheduler(BaseScheduler):
@@ -71,14 +75,26 @@ class Scheduler(BaseScheduler):
         self._hooks: EngineHooks | None = None
         self._remote_dedup = isinstance(dupefilter, RedisDupeFilter)
         self._outbox: list[tuple[NewRequest, Request]] = []
-        self._acks: list[str] = []
-        self._ready: deque[tuple[Request, str]] = deque()
-        self._handed_out: dict[Request, str] = {}
+        self._acks: list[Ack] = []
+        self._lanes: dict[str, str] = {}  # order key -> politeness lane, while leased
+        self._blocks: dict[str, int] = {}  # order key -> Retry-After block (ms)
+        self._lane = make_lane_function(config.politeness_key)
+        self.delays = DelayPolicy(
+            config.download_delay, dict(config.host_delays), config.download_delay_jitter,
+            config.max_crawl_delay_seconds,
+        )
+        self._wake_call: Any = None  # twisted IDelayedCall
+        self._ready: deque[tuple[Request, LeaseHandle]] = deque()
+        self._handed_out: dict[Request, LeaseHandle] = {}
         self._fleet_pending = True
         self._fleet_checked_at = 0.0
         self._last_empty_lease = 0.0
-        self._last_error_log = 0.0
-        self._redis_ok = True
+        self.health = RedisHealth(
+            on_error=lambda op: self.stats.inc_value(f"redisspine/redis_errors/{op}")
+        )
+        self.memory_pressure = False
+        self._lease_reply_lost = False
+        self._last_shed_log = 0.0
         self._flush_call: Any = None  # twisted IDelayedCall
         self._timers: list[task.LoopingCall] = []
 
@@ -99,7 +115,10 @@ class Scheduler(BaseScheduler):
             CrawlKeys(self.config.key_prefix, crawl_id),
             self.worker_id,
             self.config.queue_order,
+            concurrency=self.config.host_concurrency,
+            backlog_cap=self.config.host_backlog_cap,
         )
+        self._take_over_download_delay(spider)
         self.frontier.check_key_types()
         flushed, alive = self.frontier.register(
             flush=self.config.flush_on_start,
@@ -115,8 +134,24 @@ class Scheduler(BaseScheduler):
         if self.crawler is not None:
             self._hooks = EngineHooks(self.crawler)
             self._hooks.on_request_done(self._on_request_done)
+            self.crawler.signals.send_catch_log(signals.worker_opened, scheduler=self)
         self._start_timer(self._on_heartbeat, self.config.heartbeat_seconds)
         self._start_timer(self._on_idle_poll, self.config.idle_poll_seconds)
+
+    def _take_over_download_delay(self, spider: Spider) -> None:
+        """The fleet enforces DOWNLOAD_DELAY per lane; Scrapy's per-process delay
+        would add on top, so it is switched off for this spider."""
+        own = getattr(spider, "download_delay", None)
+        if own is not None:  # a spider attribute wins over the setting, as in Scrapy
+            self.delays.default_seconds = float(own)
+        if self.delays.default_seconds or self.delays.overrides:
+            logger.info(
+                "redisspine: download delay %.2f s (overrides: %d) enforced fleet-wide per %s, "
+                "from the end of each fetch; Scrapy's per-process delay set to 0",
+                self.delays.default_seconds, len(self.delays.overrides),
+                self.config.politeness_key,
+            )
+        spider.download_delay = 0  # type: ignore[attr-defined]
 
     def _log_open(self, crawl_id: str, flushed: bool, alive: int) -> None:
         assert self.connection is not None
@@ -136,36 +171,48 @@ class Scheduler(BaseScheduler):
         for timer in self._timers:
             if timer.running:
                 timer.stop()
-        if self._flush_call is not None and self._flush_call.active():
-            self._flush_call.cancel()
+        for call in (self._flush_call, self._wake_call):
+            if call is not None and call.active():
+                call.cancel()
         if self._hooks is not None:
             self._hooks.uninstall()
         assert self.frontier is not None
         assert self.connection is not None
-        try:
-            self._flush()
-            self._release_unstarted()
-            if reason == "finished" and not self.config.persist and self.frontier.purge_if_done():
-                logger.info("redisspine: crawl finished; its keys deleted (persist off)")
-            self.frontier.leave()
-        except redis.RedisError as exc:
-            logger.error(
-                "redisspine: could not hand back this worker's state on close (%s); "
-                "%d unsent request(s) lost from this process, leases stay in Redis",
-                exc, len(self._outbox),
-            )
+        self._hand_back(reason)
         self.df.close(reason)
         self.connection.close()
 
+    def _hand_back(self, reason: str) -> None:
+        """Send what is buffered, return unstarted leases, leave; retry a short outage."""
+        assert self.frontier is not None
+        for attempt in range(_CLOSE_ATTEMPTS):
+            try:
+                self._flush()
+                self._release_unstarted()
+                finished = reason == "finished" and not self.config.persist
+                if finished and self.frontier.purge_if_done():
+                    logger.info("redisspine: crawl finished; its keys deleted (persist off)")
+                self.frontier.leave()
+                return
+            except redis.RedisError as exc:
+                self._redis_failed("close", exc)
+                time.sleep(0.2 * 2**attempt)
+        logger.error(
+            "redisspine: Redis unreachable while closing: %d unsent request(s) of this "
+            "worker are lost; its %d lease(s) stay in Redis and will be requeued by the "
+            "other workers' sweeps", len(self._outbox), len(self._ready) + len(self._handed_out),
+        )
+
     def _release_unstarted(self) -> None:
         assert self.frontier is not None
-        keys = [key for _, key in self._ready] + list(self._handed_out.values())
-        if keys:
-            released = self.frontier.release(keys)
+        handles = [handle for _, handle in self._ready] + list(self._handed_out.values())
+        if handles:
+            released = self.frontier.release(handles)
             self.stats.inc_value("redisspine/scheduler/released", released)
             logger.info("redisspine: returned %d unstarted lease(s) to the queue", released)
         self._ready.clear()
         self._handed_out.clear()
+        self._lanes.clear()
 
     # -- Scrapy's scheduler interface ------------------------------------------
 
@@ -181,6 +228,9 @@ class Scheduler(BaseScheduler):
             self.stats.inc_value("redisspine/scheduler/unserializable")
             return False
         is_start = bool(request.meta.get("is_start_request"))
+        if self.memory_pressure and not (is_start or request.dont_filter):
+            self._shed(request)
+            return False
         fingerprint = b""
         if is_start or (self._remote_dedup and not request.dont_filter):
             fingerprint = self._fingerprint(request)
@@ -190,6 +240,7 @@ class Scheduler(BaseScheduler):
             request.priority,
             dont_filter=request.dont_filter or not self._remote_dedup,
             is_start=is_start,
+            lane=self._lane(request.url),
         )
         self._outbox.append((entry, request))
         if len(self._outbox) >= self.config.enqueue_batch_size:
@@ -201,8 +252,8 @@ class Scheduler(BaseScheduler):
     def next_request(self) -> Request | None:
         if not self._ready and not self._lease():
             return None
-        request, key = self._ready.popleft()
-        self._handed_out[request] = key
+        request, handle = self._ready.popleft()
+        self._handed_out[request] = handle
         self.stats.inc_value("scheduler/dequeued/redis")
         self.stats.inc_value("scheduler/dequeued")
         return request
@@ -210,9 +261,11 @@ class Scheduler(BaseScheduler):
     def has_pending_requests(self) -> bool:
         if self._outbox or self._ready or self._acks or self.config.keep_alive:
             return True
+        if self.health.down:
+            return True  # never finish while Redis cannot tell us the fleet is done
         if time.monotonic() - self._fleet_checked_at >= self.config.idle_poll_seconds:
             self._refresh_fleet_counts()
-        return self._fleet_pending
+        return self._fleet_pending or self.health.down
 
     def __len__(self) -> int:
         return len(self._outbox) + len(self._ready) + (1 if self._fleet_pending else 0)
@@ -237,24 +290,43 @@ class Scheduler(BaseScheduler):
             return False
         free = self._hooks.free_download_slots() if self._hooks else 1
         count = max(1, min(free, self.config.lease_batch_size))
-        while not self._ready:
+        while not self._ready and self.health.available():
             try:
+                if self._lease_reply_lost:
+                    self._release_orphans()
                 batch = self.frontier.lease(count)
             except redis.RedisError as exc:
-                self._redis_error("lease", exc)
+                # Redis may have run the lease and lost only the reply.
+                self._lease_reply_lost = True
+                self._redis_failed("lease", exc)
                 return False
+            self.health.succeeded()
             self._set_fleet_counts(batch.queued, batch.inflight, now)
+            self._wake_when_due(batch.wait_ms)
             self._report_malformed(batch.malformed)
             if not batch.leases and not batch.malformed:
                 self._last_empty_lease = now
                 return False
             self.stats.inc_value("redisspine/scheduler/leased", len(batch.leases))
             for lease in batch.leases:
-                self._accept(lease.key, lease.payload)
+                self._accept(lease)
             # Loop only when everything leased was dead-lettered and work remains.
             if not batch.queued:
                 break
         return bool(self._ready)
+
+    def _release_orphans(self) -> None:
+        assert self.frontier is not None
+        known = [key for _, (key, _) in self._ready]
+        known += [key for key, _ in self._handed_out.values()]
+        known += [ack[0] for ack in self._acks]
+        released = self.frontier.release_orphans(known)
+        self._lease_reply_lost = False
+        if released:
+            logger.warning(
+                "redisspine: returned %d lease(s) whose lease reply was lost in the outage",
+                released,
+            )
 
     def _report_malformed(self, malformed: int) -> None:
         if malformed:
@@ -266,23 +338,82 @@ class Scheduler(BaseScheduler):
             )
             self.stats.inc_value("redisspine/scheduler/malformed", malformed)
 
-    def _accept(self, key: str, payload: bytes) -> None:
+    def _accept(self, lease: Lease) -> None:
         assert self.codec is not None
         assert self.frontier is not None
+        handle = lease.handle
         try:
-            self._ready.append((self.codec.decode(payload), key))
+            request = self.codec.decode(lease.payload)
         except Exception as exc:  # RequestDecodeError, or anything a bad payload triggers
             reason = f"undecodable request: {exc}"
-            logger.error("redisspine: lease %s moved to dead letters: %s", key, reason)
+            logger.error("redisspine: lease %s moved to dead letters: %s", handle[0], reason)
             self.stats.inc_value("redisspine/scheduler/undecodable")
-            self.frontier.bury(key, reason)
+            try:
+                self.frontier.bury(handle, reason)
+            except redis.RedisError as exc:  # the lease stays in flight: a sweep returns it
+                self._redis_failed("bury", exc)
+            return
+        if lease.requeues:
+            request.meta["redisspine_requeues"] = lease.requeues
+            self.stats.inc_value("redisspine/scheduler/leased_requeued")
+        if lease.crawl_delay is not None and not self.delays.knows(lease.lane):
+            self.delays.learn(lease.lane, lease.crawl_delay)
+        self._lanes[lease.key] = lease.lane
+        self._ready.append((request, handle))
 
     def _on_request_done(self, request: Request) -> None:
-        key = self._handed_out.pop(request, None)
-        if key is None:
+        handle = self._handed_out.pop(request, None)
+        if handle is None:
             return  # not ours: e.g. robots.txt fetched through engine.download()
-        self._acks.append(key)
+        key, token = handle
+        lane = self._lanes.pop(key, "")
+        rest_ms = max(self.delays.next_delay_ms(lane), self._blocks.pop(key, 0))
+        self._acks.append((key, token, rest_ms))
         self._try_flush()
+
+    def block_host(self, request: Request, seconds: float) -> None:
+        """A Retry-After answer: the lane rests this long after the request's ack."""
+        handle = self._handed_out.get(request)
+        if handle is not None:
+            self._blocks[handle[0]] = int(seconds * 1000)
+            self.stats.inc_value("redisspine/politeness/retry_after")
+
+    def learn_crawl_delay(self, url: str, seconds: float) -> None:
+        """A robots.txt Crawl-delay: used here at once, shared through Redis."""
+        lane = self._lane(url)
+        if not lane or self.delays.knows(lane):
+            return
+        kept = self.delays.learn(lane, seconds)
+        self.stats.inc_value("redisspine/politeness/crawl_delays_learned")
+        logger.info(
+            "redisspine: %s asks for Crawl-delay %.1f s (kept: %.1f s)", lane, seconds, kept
+        )
+        if self.frontier is not None and self.health.available():
+            try:
+                self.frontier.set_crawl_delay(lane, kept)
+            except redis.RedisError as exc:
+                self._redis_failed("crawl_delay", exc)
+
+    def _wake_when_due(self, wait_ms: int) -> None:
+        """Sleep exactly until the next lane is due rather than a whole poll period."""
+        if wait_ms < 0 or wait_ms / 1000 >= self.config.idle_poll_seconds:
+            return
+        if self._wake_call is not None and self._wake_call.active():
+            return
+        from twisted.internet import reactor
+
+        self._wake_call = reactor.callLater(wait_ms / 1000, self.wake)  # type: ignore[attr-defined,arg-type,call-arg,unused-ignore]
+
+    def _shed(self, request: Request) -> None:
+        self.stats.inc_value("redisspine/memory/shed")
+        now = time.monotonic()
+        if now - self._last_shed_log > _SHED_LOG_INTERVAL_SECONDS:
+            self._last_shed_log = now
+            logger.warning(
+                "redisspine: Redis is near its memory budget: not queueing newly discovered "
+                "requests such as %s (start requests, retries and redirects still go in); "
+                "see redisspine/memory/shed", request,
+            )
 
     def _schedule_flush(self) -> None:
         if self._flush_call is None or not self._flush_call.active():
@@ -292,12 +423,42 @@ class Scheduler(BaseScheduler):
             self._flush_call = reactor.callLater(delay, self._try_flush)  # type: ignore[attr-defined,arg-type,call-arg,unused-ignore]
 
     def _try_flush(self) -> bool:
+        if not self._outbox and not self._acks:
+            return True
+        if not self.health.available():
+            return False
         try:
             self._flush()
         except redis.RedisError as exc:
-            self._redis_error("enqueue", exc)
+            if isinstance(exc, redis.exceptions.OutOfMemoryError):
+                self._shed_outbox()
+            self._redis_failed("enqueue", exc)
             return False
+        self.health.succeeded()
         return True
+
+    def _redis_failed(self, operation: str, exc: Exception) -> None:
+        """A full Redis is not a down Redis: shed load, but keep calling it."""
+        if isinstance(exc, redis.exceptions.OutOfMemoryError):
+            self.stats.inc_value(f"redisspine/memory/oom/{operation}")
+            if not self.memory_pressure:
+                logger.warning(
+                    "redisspine: Redis refused a write for lack of memory (%s): no longer "
+                    "queueing newly discovered requests until it has room again", operation,
+                )
+            self.memory_pressure = True  # the recovery sweep clears it below 80 %
+            return
+        self.health.failed(operation, exc)
+
+    def _shed_outbox(self) -> None:
+        """Redis refused writes (OOM): keep work in progress, drop new discoveries."""
+        kept: list[tuple[NewRequest, Request]] = []
+        for entry, request in self._outbox:
+            if entry.is_start or request.dont_filter:
+                kept.append((entry, request))
+            else:
+                self._shed(request)
+        self._outbox = kept
 
     def _flush(self) -> None:
         """Send the outbox and pending acks in one atomic round trip."""
@@ -307,7 +468,6 @@ class Scheduler(BaseScheduler):
         outbox, acks = self._outbox, self._acks
         result = self.frontier.enqueue([entry for entry, _ in outbox], acks)
         self._outbox, self._acks = [], []
-        self._redis_ok = True
         self._record_enqueued(outbox, result.statuses, result.acked, len(acks))
         self._fleet_pending = True
         self._last_empty_lease = 0.0
@@ -324,6 +484,8 @@ class Scheduler(BaseScheduler):
                 stats.inc_value("scheduler/enqueued")
             elif status == "d":
                 self.df.log(request, self.spider)  # type: ignore[arg-type]
+            elif status == "c":
+                stats.inc_value("redisspine/scheduler/backlog_capped")
             else:
                 stats.inc_value("redisspine/scheduler/start_requests_skipped")
         if sent:
@@ -334,30 +496,21 @@ class Scheduler(BaseScheduler):
 
     def _refresh_fleet_counts(self) -> None:
         assert self.frontier is not None
-        if self._outbox or self._acks:
-            self._try_flush()
+        if (self._outbox or self._acks) and not self._try_flush():
+            return
+        if not self.health.available():
+            return
         try:
             queued, inflight = self.frontier.counts()
         except redis.RedisError as exc:
-            self._redis_error("count", exc)
-            self._fleet_pending = True  # never finish while Redis cannot tell us
+            self._redis_failed("count", exc)
             return
+        self.health.succeeded()
         self._set_fleet_counts(queued, inflight, time.monotonic())
 
     def _set_fleet_counts(self, queued: int, inflight: int, now: float) -> None:
         self._fleet_pending = queued + inflight > 0
         self._fleet_checked_at = now
-
-    def _redis_error(self, operation: str, exc: Exception) -> None:
-        self.stats.inc_value(f"redisspine/redis_errors/{operation}")
-        now = time.monotonic()
-        if self._redis_ok or now - self._last_error_log > _ERROR_LOG_INTERVAL_SECONDS:
-            logger.error(
-                "redisspine: Redis %s failed (%s: %s); keeping local state and retrying",
-                operation, type(exc).__name__, exc,
-            )
-            self._last_error_log = now
-        self._redis_ok = False
 
     def _start_timer(self, function: Any, interval: float) -> None:
         timer = task.LoopingCall(function)
@@ -366,10 +519,43 @@ class Scheduler(BaseScheduler):
 
     def _on_heartbeat(self) -> None:
         assert self.frontier is not None
+        if not self.health.available():
+            return
         try:
-            self.frontier.heartbeat()
+            known = self.frontier.heartbeat(int(self.config.worker_timeout_seconds * 1000))
         except redis.RedisError as exc:
-            self._redis_error("heartbeat", exc)
+            self._redis_failed("heartbeat", exc)
+            return
+        self.health.succeeded()
+        if not known:
+            self._fenced()
+
+    def _fenced(self) -> None:
+        """Another worker's sweep took this one for dead and requeued its leases."""
+        self.stats.inc_value("redisspine/scheduler/presumed_dead")
+        logger.warning(
+            "redisspine: this worker was presumed dead (no heartbeat for over %.0f s) and "
+            "its leases were requeued; dropping %d unstarted lease(s), acks of the "
+            "requests in progress will be refused", self.config.worker_timeout_seconds,
+            len(self._ready),
+        )
+        # Leases taken after the sweep are still valid: hand them back (release is
+        # fenced, so the ones the sweep already requeued are refused).
+        handles = [handle for _, handle in self._ready]
+        self._ready.clear()
+        for key, _ in handles:
+            self._lanes.pop(key, None)
+        if handles and self.frontier is not None:
+            try:
+                self.frontier.release(handles)
+            except redis.RedisError as exc:
+                self._redis_failed("release", exc)
+
+    def wake(self) -> None:
+        """New work may be in Redis (e.g. requeued by a sweep): lease soon."""
+        self._last_empty_lease = 0.0
+        if self._hooks is not None:
+            self._hooks.wake()
 
     def _on_idle_poll(self) -> None:
         if self._outbox or self._acks:

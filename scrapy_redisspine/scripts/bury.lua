@@ -1,29 +1,52 @@
 --[[
 bury: move a leased request that can never be processed (its payload does not
 decode, names a forbidden class or callback ...) to the dead-letter HASH with the
-reason, instead of dropping it or handing it out again and again.
+reason, instead of dropping it or handing it out again and again. Its lane's slot
+is freed (nothing was fetched, so the lane does not rest).
 
-KEYS[1]  inflight  HASH   order key -> owner \n score \n member
+KEYS[1]  inflight  HASH   order key -> owner \n token \n member
 KEYS[2]  leases    ZSET   order key -> lease time (ms)
-KEYS[3]  dead      HASH   order key -> reason \n score \n member
+KEYS[3]  dead      HASH   order key -> reason \n member
 KEYS[4]  stats     HASH   fleet-wide counters
+KEYS[5]  owned     ZSET   score 0, member owner \n order key
+KEYS[6]  requeues  HASH   order key -> times requeued
+KEYS[7]  hosts     ZSET   (lib/hosts.lua)
+KEYS[8]  busy      HASH   (lib/hosts.lua)
+KEYS[9]  backlog   HASH   (lib/hosts.lua)
+KEYS[10] host_next HASH   (lib/hosts.lua)
 
-ARGV[1]  owner     worker id; leases of other owners are left alone
-ARGV[2]  key       order key of the lease
-ARGV[3]  reason    one line of text
+ARGV[1]  owner        worker id
+ARGV[2]  key          order key of the lease
+ARGV[3]  token        its lease token (fencing)
+ARGV[4]  reason       one line of text
+ARGV[5]  concurrency  most requests of one lane in flight fleet-wide
 
-Returns 1 if the lease was buried, 0 if it was not this owner's.
+Returns 1 if the lease was buried, 0 if it was not this owner's (any more).
 ]]
 local inflight, leases, dead, stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local owner_prefix, key = ARGV[1] .. "\n", ARGV[2]
-local reason = string.gsub(ARGV[3], "\n", " ")
+local owned, requeues = KEYS[5], KEYS[6]
+local hosts, busy, backlog, host_next = KEYS[7], KEYS[8], KEYS[9], KEYS[10]
+local owner, key, token = ARGV[1], ARGV[2], ARGV[3]
+local reason = string.gsub(ARGV[4], "\n", " ")
+local concurrency = tonumber(ARGV[5])
+local time = redis.call("TIME")
+local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+-- #include hosts
+local prefix = owner .. "\n" .. token .. "\n"
 
 local entry = redis.call("HGET", inflight, key)
-if not entry or string.sub(entry, 1, #owner_prefix) ~= owner_prefix then
+if not entry or string.sub(entry, 1, #prefix) ~= prefix then
     return 0
 end
-redis.call("HSET", dead, key, reason .. "\n" .. string.sub(entry, #owner_prefix + 1))
+local member = string.sub(entry, #prefix + 1)
+redis.call("HSET", dead, key, reason .. "\n" .. member)
 redis.call("HDEL", inflight, key)
 redis.call("ZREM", leases, key)
+redis.call("ZREM", owned, owner .. "\n" .. key)
+redis.call("HDEL", requeues, key)
+local lane = member_lane(member)
+if lane then
+    host_released(lane, nil)
+end
 redis.call("HINCRBY", stats, "dead_lettered", 1)
 return 1

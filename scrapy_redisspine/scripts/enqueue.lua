@@ -3,56 +3,83 @@ enqueue: add discovered requests to the frontier and ack the requests whose
 processing discovered them, in one atomic step.
 
 Doing both at once is what makes termination safe: there is no moment at which
-a parent has left in-flight while its children are not yet queued.
+a parent has left in-flight while its children are not yet queued. An ack also
+frees the parent's host slot and rests the host (politeness, lib/hosts.lua).
 
-KEYS[1]  queue     ZSET   score = -priority, member = order key .. payload
+KEYS[1]  queue     ZSET   score 0, member = lane \0 priority key order key payload
 KEYS[2]  seq       STRING counter behind the order keys
 KEYS[3]  seen      SET    raw request fingerprints (fleet-wide dedup)
 KEYS[4]  starts    SET    raw fingerprints of start requests (once per crawl)
-KEYS[5]  inflight  HASH   order key -> owner \n score \n member
+KEYS[5]  inflight  HASH   order key -> owner \n token \n member
 KEYS[6]  leases    ZSET   order key -> lease time (ms)
 KEYS[7]  stats     HASH   fleet-wide counters
 KEYS[8]  dedup     HASH   dedup mode and Bloom filter parameters (lib/dedup.lua)
-KEYS[9]  bloom     STRING Bloom filter bitmap (lib/dedup.lua)
+KEYS[9]  bloom     STRING Bloom filter (lib/dedup.lua)
+KEYS[10] owned     ZSET   score 0, member owner \n order key (leases by owner)
+KEYS[11] requeues  HASH   order key -> times requeued
+KEYS[12] hosts     ZSET   lane -> next lease time (ms)        (lib/hosts.lua)
+KEYS[13] busy      HASH   lane -> requests in flight          (lib/hosts.lua)
+KEYS[14] backlog   HASH   lane -> requests queued             (lib/hosts.lua)
+KEYS[15] host_next HASH   lane -> earliest next fetch (ms)    (lib/hosts.lua)
 
-ARGV[1]  order     "fifo" or "lifo"
-ARGV[2]  owner     worker id; only its own leases are acked
-ARGV[3]  n_acks    number of order keys to ack that follow
-ARGV[4 .. 3+n_acks]        order keys to ack
-ARGV[4+n_acks ..]          groups of 4: flags, fingerprint, score, payload
+ARGV[1]  order        "fifo" or "lifo"
+ARGV[2]  owner        worker id
+ARGV[3]  n_acks       number of acks that follow
+ARGV[4]  concurrency  most requests of one lane in flight fleet-wide
+ARGV[5]  backlog_cap  most requests queued per lane (0: no cap)
+ARGV[6 .. 5+3*n_acks]      groups of 3: order key, lease token, rest (ms) of its lane
+ARGV[6+3*n_acks ..]        groups of 5: flags, fingerprint, lane, priority key, payload
            flags: "f" check `seen`, "s" check `starts`, both, or "-" for none
 
+An ack is fenced: it only removes a lease that still carries this owner AND the
+token it was leased with. A worker presumed dead whose lease was requeued (and
+perhaps leased again, even to itself) can no longer remove it.
+
 Returns { statuses, acked }: statuses has one character per request,
-"+" enqueued, "d" duplicate (seen), "s" start request already injected;
-acked counts the acks that matched a lease of this owner.
+"+" enqueued, "d" duplicate (seen), "s" start request already injected,
+"c" dropped: its lane's backlog is at the cap; acked counts the acks that matched.
 ]]
 local queue, seq, starts = KEYS[1], KEYS[2], KEYS[4]
 local inflight, leases, stats = KEYS[5], KEYS[6], KEYS[7]
+local owned, requeues = KEYS[10], KEYS[11]
+local hosts, busy, backlog, host_next = KEYS[12], KEYS[13], KEYS[14], KEYS[15]
 local dedup_seen, dedup_meta, dedup_bloom = KEYS[3], KEYS[8], KEYS[9]
 -- #include dedup
 local order, owner = ARGV[1], ARGV[2]
-local n_acks = tonumber(ARGV[3])
-local first_request = 4 + n_acks
+local n_acks, concurrency, backlog_cap = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local first_request = 6 + 3 * n_acks
+local time = redis.call("TIME")
+local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+-- #include hosts
 
-local owner_prefix = owner .. "\n"
 local acked = 0
-for i = 4, 3 + n_acks do
-    local entry = redis.call("HGET", inflight, ARGV[i])
-    if entry and string.sub(entry, 1, #owner_prefix) == owner_prefix then
-        redis.call("HDEL", inflight, ARGV[i])
-        redis.call("ZREM", leases, ARGV[i])
+for i = 6, 5 + 3 * n_acks, 3 do
+    local key, token, rest_ms = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2])
+    local prefix = owner .. "\n" .. token .. "\n"
+    local entry = redis.call("HGET", inflight, key)
+    if entry and string.sub(entry, 1, #prefix) == prefix then
+        redis.call("HDEL", inflight, key)
+        redis.call("ZREM", leases, key)
+        redis.call("ZREM", owned, owner .. "\n" .. key)
+        redis.call("HDEL", requeues, key)
+        local lane = member_lane(string.sub(entry, #prefix + 1))
+        if lane then
+            host_released(lane, rest_ms)
+        end
         acked = acked + 1
     end
 end
 
-local n_requests = (#ARGV - first_request + 1) / 4
+local n_requests = (#ARGV - first_request + 1) / 5
 local statuses = {}
 local to_add = {}
 for i = 0, n_requests - 1 do
-    local base = first_request + 4 * i
-    local flags, fingerprint = ARGV[base], ARGV[base + 1]
+    local base = first_request + 5 * i
+    local flags, fingerprint, lane = ARGV[base], ARGV[base + 1], ARGV[base + 2]
     local status = "+"
-    if string.find(flags, "s", 1, true) and redis.call("SADD", starts, fingerprint) == 0 then
+    if backlog_cap > 0 and tonumber(redis.call("HGET", backlog, lane) or "0") >= backlog_cap then
+        status = "c"
+    elseif string.find(flags, "s", 1, true) and redis.call("SADD", starts, fingerprint) == 0 then
         status = "s"
     elseif string.find(flags, "f", 1, true) and dedup_add(fingerprint) == 0 then
         status = "d"
@@ -60,6 +87,8 @@ for i = 0, n_requests - 1 do
     statuses[#statuses + 1] = status
     if status == "+" then
         to_add[#to_add + 1] = base
+        -- counted now so that the cap holds within one batch too
+        redis.call("HINCRBY", backlog, lane, 1)
     end
 end
 
@@ -71,8 +100,12 @@ if #to_add > 0 then
         if order == "lifo" then
             n = 999999999999999 - n
         end
+        local lane = ARGV[base + 2]
         local key = string.format("%015d", n)
-        redis.call("ZADD", queue, ARGV[base + 2], key .. ARGV[base + 3])
+        redis.call("ZADD", queue, 0, lane .. "\0" .. ARGV[base + 3] .. key .. ARGV[base + 4])
+        if not redis.call("ZSCORE", hosts, lane) then
+            host_schedule(lane)
+        end
     end
     redis.call("HINCRBY", stats, "enqueued", #to_add)
 end

@@ -4,14 +4,23 @@ workers on machines with skewed clocks agree on who is stale.
 
 KEYS[1]  workers   ZSET   worker id -> last heartbeat (ms, Redis TIME)
 
-ARGV[1]  worker    worker id
+ARGV[1]  worker      worker id
+ARGV[2]  timeout_ms  a worker silent for longer may have been swept
 
-Returns the heartbeat time in ms.
+Returns 1 if the worker's previous heartbeat was recent, 0 if it was missing or
+older than the timeout: a sweep may have requeued its leases (all of them, or
+some when the sweep hit its limit), so the worker must hand back what it holds.
 ]]
 local workers = KEYS[1]
-local worker = ARGV[1]
+local worker, timeout_ms = ARGV[1], tonumber(ARGV[2])
 
 local time = redis.call("TIME")
 local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+-- ZREM first (not denyoom): Redis checks maxmemory only before a script's first
+-- write, and a heartbeat of a few bytes must not fail on a full Redis, or live
+-- workers would be taken for dead.
+local previous = redis.call("ZSCORE", workers, worker)
+redis.call("ZREM", workers, worker)
 redis.call("ZADD", workers, now_ms, worker)
-return now_ms
+local known = previous and tonumber(previous) >= now_ms - timeout_ms
+return known and 1 or 0

@@ -1,58 +1,148 @@
 --[[
-lease: hand up to `count` requests to one worker, recording each in in-flight in
-the same atomic step, so that a request is always either queued or leased.
+lease: hand a worker up to `count` requests, one per free slot of each due lane, recording
+each in in-flight in the same atomic step (a request is always either queued or
+leased) and taking its lane's slot, so that at most `concurrency` requests of a
+lane are in flight fleet-wide and a lane rests between fetches (lib/hosts.lua).
+Due lanes come oldest-due first: a lane with a million queued requests gets one
+slot per turn like any other.
 
-A queue member that does not start with a 15-digit order key, or whose key is
-already leased, was not written by enqueue: it goes to the dead letters (under a
-fresh field, so two of them can never overwrite each other or a live lease).
+Each lease carries a fencing token (one number per lease call, from `seq`): acks,
+releases and burials must present it, so a worker presumed dead cannot touch a
+lease that was requeued in the meantime.
 
-KEYS[1]  queue     ZSET   score = -priority, member = order key .. payload
-KEYS[2]  inflight  HASH   order key -> owner \n score \n member
+A member that has no lane or no 15-digit order key, or whose key is already
+leased, was not written by enqueue: it goes to the dead letters (under a fresh
+field). Members no lane can reach (queue not empty, no lane scheduled, nothing in
+flight) are re-scheduled or dead-lettered here too, so garbage never stalls a crawl.
+
+KEYS[1]  queue     ZSET   score 0, member = lane \0 priority key order key payload
+KEYS[2]  inflight  HASH   order key -> owner \n token \n member
 KEYS[3]  leases    ZSET   order key -> lease time (ms, Redis TIME)
 KEYS[4]  stats     HASH   fleet-wide counters
-KEYS[5]  dead      HASH   dead letters: field -> reason \n score \n member
-KEYS[6]  seq       STRING counter, numbers the dead letters' fields
+KEYS[5]  dead      HASH   dead letters: field -> reason \n member
+KEYS[6]  seq       STRING counter: fencing tokens, dead letters' field numbers
+KEYS[7]  owned     ZSET   score 0, member owner \n order key (leases by owner)
+KEYS[8]  requeues  HASH   order key -> times requeued
+KEYS[9]  hosts     ZSET   lane -> next lease time (ms)        (lib/hosts.lua)
+KEYS[10] busy      HASH   lane -> requests in flight          (lib/hosts.lua)
+KEYS[11] backlog   HASH   lane -> requests queued             (lib/hosts.lua)
+KEYS[12] host_next HASH   lane -> earliest next fetch (ms)    (lib/hosts.lua)
+KEYS[13] host_delay HASH  lane -> Crawl-delay (s) learned from robots.txt
 
-ARGV[1]  owner     worker id
-ARGV[2]  count     most requests to lease (>= 0)
+ARGV[1]  owner        worker id
+ARGV[2]  count        most requests to lease (>= 0)
+ARGV[3]  concurrency  most requests of one lane in flight fleet-wide
 
-Returns { members, queued, inflight, malformed }: the leased queue members
-(highest priority first), how many requests stay queued and in flight fleet-wide
-after this lease (the worker's termination check needs no extra round trip), and
-how many malformed members went to the dead letters.
+Returns { members, token, requeued, delays, queued, inflight, malformed, wait_ms }:
+the leased queue members, their fencing token, how often each was requeued
+before, each lane's learned Crawl-delay ("" if none), how many requests stay
+queued and in flight fleet-wide, how many malformed members went to the dead
+letters, and in how many ms the next lane becomes due (-1: none scheduled).
 ]]
 local queue, inflight, leases, stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local dead, seq = KEYS[5], KEYS[6]
-local owner = ARGV[1]
-local count = tonumber(ARGV[2])
+local dead, seq, owned, requeues = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local hosts, busy, backlog, host_next, host_delay = KEYS[9], KEYS[10], KEYS[11], KEYS[12], KEYS[13]
+local owner, count, concurrency = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local time = redis.call("TIME")
+local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+-- #include hosts
 
-local members = {}
+local members, requeued, delays = {}, {}, {}
 local malformed = 0
-if count > 0 then
-    local popped = redis.call("ZPOPMIN", queue, count)
-    if #popped > 0 then
-        local time = redis.call("TIME")
-        local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
-        for i = 1, #popped, 2 do
-            local member, score = popped[i], popped[i + 1]
-            local key = string.sub(member, 1, 15)
-            if #member >= 15 and string.match(key, "^%d+$")
-                    and redis.call("HEXISTS", inflight, key) == 0 then
-                redis.call("HSET", inflight, key, owner .. "\n" .. score .. "\n" .. member)
-                redis.call("ZADD", leases, now_ms, key)
-                members[#members + 1] = member
-            else
-                local field = "malformed:" .. redis.call("INCR", seq)
-                redis.call("HSET", dead, field, "malformed queue member\n" .. score .. "\n" .. member)
-                malformed = malformed + 1
-            end
-        end
-        if #members > 0 then
-            redis.call("HINCRBY", stats, "leased", #members)
-        end
-        if malformed > 0 then
-            redis.call("HINCRBY", stats, "dead_lettered", malformed)
+local token = 0
+
+local function bury_malformed(member)
+    redis.call("ZREM", queue, member)
+    local field = "malformed:" .. redis.call("INCR", seq)
+    redis.call("HSET", dead, field, "malformed queue member\n" .. member)
+    malformed = malformed + 1
+end
+
+local function take(lane, member, key)
+    -- ZREM first: Redis checks maxmemory only before a script's first write, and ZREM
+    -- is no "denyoom" command, so leases (which free memory once acked) still work
+    -- on a full Redis.
+    redis.call("ZREM", queue, member)
+    if token == 0 then
+        token = redis.call("INCR", seq)
+    end
+    redis.call("HSET", inflight, key, owner .. "\n" .. token .. "\n" .. member)
+    redis.call("ZADD", leases, now_ms, key)
+    redis.call("ZADD", owned, 0, owner .. "\n" .. key)
+    host_acquired(lane)
+    members[#members + 1] = member
+    requeued[#requeued + 1] = tonumber(redis.call("HGET", requeues, key) or "0")
+    delays[#delays + 1] = redis.call("HGET", host_delay, lane) or ""
+end
+
+-- Every member has score 0 (lex ranges need it); one that does not was not written
+-- by enqueue and would hide its neighbours from those ranges.
+if redis.call("ZCOUNT", queue, "-inf", "(0") + redis.call("ZCOUNT", queue, "(0", "+inf") > 0 then
+    for _, bounds in ipairs({ { "-inf", "(0" }, { "(0", "+inf" } }) do
+        local odd = redis.call("ZRANGEBYSCORE", queue, bounds[1], bounds[2], "LIMIT", 0, 100)
+        for _, member in ipairs(odd) do
+            bury_malformed(member)
         end
     end
 end
-return { members, redis.call("ZCARD", queue), redis.call("HLEN", inflight), malformed }
+
+if count > 0 then
+    local due = redis.call("ZRANGEBYSCORE", hosts, "-inf", now_ms, "LIMIT", 0, count)
+    for _, lane in ipairs(due) do
+        if count <= #members then
+            break
+        end
+        local free = concurrency - tonumber(redis.call("HGET", busy, lane) or "0")
+        local want = math.min(free, count - #members)
+        local low, high = lane_range(lane)
+        local firsts = {}
+        if want > 0 then
+            firsts = redis.call("ZRANGEBYLEX", queue, low, high, "LIMIT", 0, want)
+        end
+        if want <= 0 then
+            host_schedule(lane) -- workers disagree on the concurrency: wait for a slot
+        elseif #firsts == 0 then
+            redis.call("HDEL", backlog, lane) -- the count was off: nothing queued
+            host_schedule(lane)
+        end
+        for _, first in ipairs(firsts) do
+            local member_of, key = member_lane(first)
+            if member_of ~= lane or redis.call("HEXISTS", inflight, key) == 1 then
+                bury_malformed(first)
+                -- it may never have been counted: count the lane again
+                redis.call("HSET", backlog, lane, redis.call("ZLEXCOUNT", queue, low, high))
+                host_schedule(lane)
+            else
+                take(lane, first, key)
+            end
+        end
+    end
+end
+
+-- Repair: members no scheduled lane can reach (garbage, or counts gone wrong).
+if #members == 0 and redis.call("ZCARD", hosts) == 0 and redis.call("HLEN", inflight) == 0 then
+    for _, member in ipairs(redis.call("ZRANGE", queue, 0, 99)) do
+        local lane = member_lane(member)
+        if lane then
+            redis.call("HSET", backlog, lane,
+                       redis.call("ZLEXCOUNT", queue, lane_range(lane)))
+            host_schedule(lane)
+        else
+            bury_malformed(member)
+        end
+    end
+end
+
+if #members > 0 then
+    redis.call("HINCRBY", stats, "leased", #members)
+end
+if malformed > 0 then
+    redis.call("HINCRBY", stats, "dead_lettered", malformed)
+end
+local wait_ms = -1
+local next_lane = redis.call("ZRANGE", hosts, 0, 0, "WITHSCORES")
+if next_lane[2] then
+    wait_ms = math.max(tonumber(next_lane[2]) - now_ms, 0)
+end
+return { members, token, requeued, delays, redis.call("ZCARD", queue),
+         redis.call("HLEN", inflight), malformed, wait_ms }

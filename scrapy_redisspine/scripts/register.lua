@@ -23,6 +23,9 @@ local own = redis.call("ZSCORE", workers, worker)
 if own and tonumber(own) >= now_ms - alive_ms then
     alive = alive - 1  -- this worker re-registering is not "another" worker
 end
+-- A non-denyoom write first: Redis checks maxmemory only before a script's first
+-- write, and a worker must be able to register (a few bytes) on a full Redis.
+redis.call("ZREM", workers, worker)
 local flushed = 0
 if flush == "1" and alive == 0 then
     redis.call("DEL", unpack(KEYS))

@@ -1,29 +1,48 @@
 --[[
 release: put leased requests of one owner back in the queue exactly as they were
-(same priority and order key), e.g. the unstarted leases of a worker that stops.
+(same lane, priority and order key), e.g. the unstarted leases of a worker that
+stops. Not counted as a requeue (the request was never tried) and the lane does
+not rest (nothing was fetched): its slot is simply free again.
 
-KEYS[1]  queue     ZSET   score = -priority, member = order key .. payload
-KEYS[2]  inflight  HASH   order key -> owner \n score \n member
+KEYS[1]  queue     ZSET   score 0, member = lane \0 priority key order key payload
+KEYS[2]  inflight  HASH   order key -> owner \n token \n member
 KEYS[3]  leases    ZSET   order key -> lease time (ms)
 KEYS[4]  stats     HASH   fleet-wide counters
+KEYS[5]  owned     ZSET   score 0, member owner \n order key
+KEYS[6]  hosts     ZSET   (lib/hosts.lua)
+KEYS[7]  busy      HASH   (lib/hosts.lua)
+KEYS[8]  backlog   HASH   (lib/hosts.lua)
+KEYS[9]  host_next HASH   (lib/hosts.lua)
 
-ARGV[1]  owner     worker id; leases of other owners are left alone
-ARGV[2 ..]         order keys to release
+ARGV[1]  owner        worker id
+ARGV[2]  concurrency  most requests of one lane in flight fleet-wide
+ARGV[3 ..]            order key, lease token, order key, lease token ...
 
-Returns the number of requests put back.
+Returns the number of requests put back (fenced: others' leases are left alone).
 ]]
-local queue, inflight, leases, stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local owner_prefix = ARGV[1] .. "\n"
+local queue, inflight, leases, stats, owned = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local hosts, busy, backlog, host_next = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
+local owner, concurrency = ARGV[1], tonumber(ARGV[2])
+local time = redis.call("TIME")
+local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+-- #include hosts
 
 local released = 0
-for i = 2, #ARGV do
-    local entry = redis.call("HGET", inflight, ARGV[i])
-    if entry and string.sub(entry, 1, #owner_prefix) == owner_prefix then
-        local score_end = string.find(entry, "\n", #owner_prefix + 1, true)
-        local score = string.sub(entry, #owner_prefix + 1, score_end - 1)
-        redis.call("ZADD", queue, score, string.sub(entry, score_end + 1))
-        redis.call("HDEL", inflight, ARGV[i])
-        redis.call("ZREM", leases, ARGV[i])
+for i = 3, #ARGV, 2 do
+    local key, token = ARGV[i], ARGV[i + 1]
+    local prefix = owner .. "\n" .. token .. "\n"
+    local entry = redis.call("HGET", inflight, key)
+    if entry and string.sub(entry, 1, #prefix) == prefix then
+        local member = string.sub(entry, #prefix + 1)
+        redis.call("ZADD", queue, 0, member)
+        redis.call("HDEL", inflight, key)
+        redis.call("ZREM", leases, key)
+        redis.call("ZREM", owned, owner .. "\n" .. key)
+        local lane = member_lane(member)
+        if lane then
+            redis.call("HINCRBY", backlog, lane, 1)
+            host_released(lane, nil)
+        end
         released = released + 1
     end
 end

@@ -73,12 +73,26 @@ FrontierFactory = Callable[..., Frontier]
 def make_frontier(
     client: redis.Redis, crawl_keys: CrawlKeys
 ) -> FrontierFactory:
-    """``make_frontier(worker_id="w1", order="fifo", client=None)`` on the test crawl."""
+    """``make_frontier(worker_id="w1", order="fifo", client=None, concurrency=1,
+    backlog_cap=0)`` on the test crawl.
+
+    ``concurrency`` is how many requests of one politeness lane may be in flight at
+    once, fleet-wide: a test that leases several requests of one lane together needs
+    at least that many (or requests in distinct lanes).
+    """
 
     def make(
-        worker_id: str = "w1", order: str = "fifo", client_: redis.Redis | None = None
+        worker_id: str = "w1",
+        order: str = "fifo",
+        client_: redis.Redis | None = None,
+        *,
+        concurrency: int = 1,
+        backlog_cap: int = 0,
     ) -> Frontier:
-        return Frontier(client_ or client, crawl_keys, worker_id, order)
+        return Frontier(
+            client_ or client, crawl_keys, worker_id, order,
+            concurrency=concurrency, backlog_cap=backlog_cap,
+        )
 
     return make
 

@@ -18,9 +18,13 @@ import redis
 
 from scrapy_redisspine.frontier import (
     ORDER_KEY_LENGTH,
+    PRIORITY_KEY_LENGTH,
     CorruptKeyError,
     Frontier,
+    Lease,
     NewRequest,
+    priority_key,
+    split_member,
 )
 from scrapy_redisspine.keys import CrawlKeys
 
@@ -28,6 +32,9 @@ if TYPE_CHECKING:
     from tests.unit.conftest import FrontierFactory
 
 ALIVE_MS = 30_000
+#: A lane concurrency no test reaches: leases are never held back by politeness
+#: (tests/unit/test_politeness.py covers the per-lane limits).
+WIDE = 10_000
 
 
 def _requests(*payloads: bytes, **kwargs: Any) -> list[NewRequest]:
@@ -38,8 +45,43 @@ def _payloads(frontier: Frontier, count: int = 100) -> list[bytes]:
     return [lease.payload for lease in frontier.lease(count).leases]
 
 
+def _member(payload: bytes, key: str, lane: str = "", priority: int = 0) -> bytes:
+    """The queue member enqueue writes: lane, NUL, priority key, order key, payload."""
+    return lane.encode() + b"\0" + priority_key(priority).encode() + key.encode() + payload
+
+
+@pytest.fixture
+def wide(make_frontier: FrontierFactory) -> Frontier:
+    """Worker w1 with a lane concurrency no test reaches: many leases of one lane."""
+    return make_frontier(concurrency=WIDE)
+
+
 def _stats(client: redis.Redis, keys: CrawlKeys) -> dict[str, int]:
     return {name.decode(): int(value) for name, value in client.hgetall(keys.stats).items()}
+
+
+def _declare_dead(client: redis.Redis, keys: CrawlKeys, worker_id: str) -> None:
+    """Make ``worker_id``'s last heartbeat ancient (1 ms after the epoch)."""
+    client.zadd(keys.workers, {worker_id: 1})
+
+
+def _sweep(frontier: Frontier) -> int:
+    """Requeue the leases of every worker silent for over a minute; the number requeued."""
+    return frontier.requeue_stale(
+        timeout_ms=60_000, ceiling_ms=0, max_requeues=10, limit=1000
+    ).requeued
+
+
+def _requeued_back_to(
+    frontier: Frontier, client: redis.Redis, keys: CrawlKeys, lease: Lease
+) -> Lease:
+    """Sweep ``lease`` back to the queue (its owner declared dead), lease it again."""
+    _declare_dead(client, keys, frontier.worker_id)
+    assert _sweep(frontier) == 1
+    (again,) = frontier.lease(1).leases
+    assert again.key == lease.key
+    assert again.token != lease.token
+    return again
 
 
 class TestEnqueue:
@@ -113,16 +155,55 @@ class TestEnqueue:
         assert NewRequest(b"x", is_start=True).flags() == "fs"
         assert NewRequest(b"x", dont_filter=True, is_start=True).flags() == "s"
 
-    def test_push_enqueues_from_outside(self, frontier: Frontier) -> None:
-        assert frontier.push(_requests(b"a", b"b")).statuses == "++"
-        assert _payloads(frontier) == [b"a", b"b"]
+    def test_push_enqueues_from_outside(self, wide: Frontier) -> None:
+        assert wide.push(_requests(b"a", b"b")).statuses == "++"
+        assert _payloads(wide) == [b"a", b"b"]
+
+    def test_queue_member_holds_lane_priority_order_key_and_payload(
+        self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        frontier.enqueue([NewRequest(b"\x00pay\nload", b"fp", priority=-3, lane="example.com")])
+        ((member, score),) = client.zrange(crawl_keys.queue, 0, -1, withscores=True)
+        assert score == 0
+        lane, key, payload = split_member(member)
+        assert (lane, payload) == ("example.com", b"\x00pay\nload")
+        assert len(key) == ORDER_KEY_LENGTH
+        assert key.isdigit()
+        assert member == _member(b"\x00pay\nload", key, "example.com", -3)
+        assert client.hgetall(crawl_keys.backlog) == {b"example.com": b"1"}
+        assert client.zrange(crawl_keys.hosts, 0, -1) == [b"example.com"]
 
     def test_unknown_order_is_refused(self, client: redis.Redis, crawl_keys: CrawlKeys) -> None:
         with pytest.raises(ValueError, match="order"):
             Frontier(client, crawl_keys, "w1", "random")
 
 
+class TestPriorityKey:
+    def test_sorts_higher_priorities_first(self) -> None:
+        priorities = [2**40, 2**31 - 1, 1_000_000, 5, 1, 0, -1, -5, -(2**31), -(2**40)]
+        keys = [priority_key(p) for p in priorities]
+        assert all(len(key) == PRIORITY_KEY_LENGTH and key.isdigit() for key in keys)
+        assert keys == sorted(keys)
+        assert len(set(keys)) == len(keys) - 2, "beyond 32 bits priorities are clamped"
+
+    def test_clamps_to_32_bits(self) -> None:
+        assert priority_key(2**40) == priority_key(2**31 - 1) == "0000000000"
+        assert priority_key(-(2**40)) == priority_key(-(2**31)) == "4294967295"
+
+    def test_split_member_round_trip(self) -> None:
+        key = "000000000000042"
+        member = _member(b"\x00body\n", key, "h\u00e9.example", 9)
+        assert split_member(member) == ("h\u00e9.example", key, b"\x00body\n")
+        assert split_member(_member(b"", key)) == ("", key, b"")
+
+
 class TestOrder:
+    """Priority, then FIFO/LIFO, within one lane (all these requests share lane "")."""
+
+    @pytest.fixture
+    def frontier(self, wide: Frontier) -> Frontier:
+        return wide
+
     def test_higher_priority_first(self, frontier: Frontier) -> None:
         frontier.enqueue(
             [
@@ -146,13 +227,13 @@ class TestOrder:
         assert _payloads(frontier) == [b"a", b"b", b"c"]
 
     def test_lifo_among_equal_priorities(self, make_frontier: FrontierFactory) -> None:
-        frontier = make_frontier(order="lifo")
+        frontier = make_frontier(order="lifo", concurrency=WIDE)
         frontier.enqueue(_requests(b"a", b"b"))
         frontier.enqueue(_requests(b"c"))
         assert _payloads(frontier) == [b"c", b"b", b"a"]
 
     def test_lifo_still_puts_higher_priority_first(self, make_frontier: FrontierFactory) -> None:
-        frontier = make_frontier(order="lifo")
+        frontier = make_frontier(order="lifo", concurrency=WIDE)
         frontier.enqueue([NewRequest(b"high", b"1", priority=5)])
         frontier.enqueue([NewRequest(b"low", b"2")])
         assert _payloads(frontier) == [b"high", b"low"]
@@ -163,31 +244,89 @@ class TestOrder:
         frontier.enqueue(_requests(*payloads))
         assert _payloads(frontier) == payloads
 
+    def test_priority_orders_each_lane_on_its_own(self, frontier: Frontier) -> None:
+        frontier.enqueue(
+            [
+                NewRequest(b"a-low", b"1", priority=-1, lane="a.example"),
+                NewRequest(b"b-mid", b"2", priority=0, lane="b.example"),
+                NewRequest(b"a-high", b"3", priority=9, lane="a.example"),
+                NewRequest(b"b-high", b"4", priority=5, lane="b.example"),
+                NewRequest(b"a-mid", b"5", priority=0, lane="a.example"),
+                NewRequest(b"b-mid2", b"6", priority=0, lane="b.example"),
+            ]
+        )
+        leases = frontier.lease(100).leases
+        by_lane: dict[str, list[bytes]] = {}
+        for lease in leases:
+            by_lane.setdefault(lease.lane, []).append(lease.payload)
+        assert by_lane == {
+            "a.example": [b"a-high", b"a-mid", b"a-low"],
+            "b.example": [b"b-high", b"b-mid", b"b-mid2"],
+        }
+
 
 class TestLease:
     def test_lease_moves_requests_to_inflight_and_leases_atomically(
-        self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
+        self, wide: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
     ) -> None:
-        frontier.enqueue(_requests(b"a", b"b", b"c"))
+        frontier = wide
+        frontier.enqueue(_requests(b"a", b"b", b"c", lane="example.com"))
         before_ms = int(time.time() * 1000)
         batch = frontier.lease(2)
         after_ms = int(time.time() * 1000)
 
         assert [lease.payload for lease in batch.leases] == [b"a", b"b"]
-        assert (batch.queued, batch.inflight) == (1, 2)
+        assert (batch.queued, batch.inflight, batch.malformed) == (1, 2, 0)
         assert client.zcard(crawl_keys.queue) == 1
+        (token,) = {lease.token for lease in batch.leases}  # one token per lease call
+        assert token.isdigit()
         for lease in batch.leases:
             assert len(lease.key) == ORDER_KEY_LENGTH
             assert lease.key.isdigit()
+            assert lease.handle == (lease.key, token)
+            assert lease.requeues == 0
+            assert (lease.lane, lease.crawl_delay) == ("example.com", None)
             entry = client.hget(crawl_keys.inflight, lease.key)
-            assert entry == b"w1\n0\n" + lease.key.encode() + lease.payload
+            assert entry == f"w1\n{token}\n".encode() + _member(
+                lease.payload, lease.key, "example.com"
+            )
             leased_at = client.zscore(crawl_keys.leases, lease.key)
             assert leased_at is not None
             assert before_ms - 1000 <= leased_at <= after_ms + 1000
+        assert client.zrange(crawl_keys.owned, 0, -1, withscores=True) == [
+            (f"w1\n{lease.key}".encode(), 0.0) for lease in batch.leases
+        ]
+        assert not client.exists(crawl_keys.requeues)
         assert frontier.counts() == (1, 2)
         assert _stats(client, crawl_keys)["leased"] == 2
+        assert client.hgetall(crawl_keys.busy) == {b"example.com": b"2"}
+        assert client.hgetall(crawl_keys.backlog) == {b"example.com": b"1"}
 
-    def test_lease_more_than_available(self, frontier: Frontier) -> None:
+    def test_each_lease_call_gets_a_new_token(self, wide: Frontier) -> None:
+        wide.enqueue(_requests(b"a", b"b"))
+        (first,) = wide.lease(1).leases
+        (second,) = wide.lease(1).leases
+        assert first.token != second.token
+
+    def test_entry_keeps_the_whole_queue_member(
+        self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        frontier.enqueue([NewRequest(b"a", b"1", priority=4, lane="h.example")])
+        (member,) = client.zrange(crawl_keys.queue, 0, -1)
+        (lease,) = frontier.lease(1).leases
+        entry = client.hget(crawl_keys.inflight, lease.key)
+        assert entry == f"w1\n{lease.token}\n".encode() + member
+        assert member == _member(b"a", lease.key, "h.example", 4)
+
+    def test_lease_carries_the_lanes_learned_crawl_delay(self, wide: Frontier) -> None:
+        wide.enqueue(_requests(b"a", lane="slow.example") + _requests(b"b", lane="fast.example"))
+        wide.set_crawl_delay("slow.example", 2.5)
+        leases = {lease.lane: lease for lease in wide.lease(10).leases}
+        assert leases["slow.example"].crawl_delay == 2.5
+        assert leases["fast.example"].crawl_delay is None
+
+    def test_lease_more_than_available(self, wide: Frontier) -> None:
+        frontier = wide
         frontier.enqueue(_requests(b"a", b"b"))
         batch = frontier.lease(10)
         assert [lease.payload for lease in batch.leases] == [b"a", b"b"]
@@ -207,7 +346,8 @@ class TestLease:
         assert (batch.leases, batch.queued, batch.inflight) == ([], 0, 0)
 
     def test_inflight_counts_are_fleet_wide(self, make_frontier: FrontierFactory) -> None:
-        first, second = make_frontier("w1"), make_frontier("w2")
+        first = make_frontier("w1", concurrency=WIDE)
+        second = make_frontier("w2", concurrency=WIDE)
         first.enqueue(_requests(b"a", b"b", b"c"))
         first.lease(1)
         batch = second.lease(1)
@@ -216,14 +356,24 @@ class TestLease:
 
 class TestAck:
     def test_ack_by_owner(
-        self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
+        self, wide: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
     ) -> None:
+        frontier = wide
         frontier.enqueue(_requests(b"a", b"b"))
-        keys = [lease.key for lease in frontier.lease(2).leases]
-        assert frontier.ack(keys) == 2
+        handles = [lease.handle for lease in frontier.lease(2).leases]
+        assert frontier.ack(handles) == 2
         assert frontier.counts() == (0, 0)
         assert not client.exists(crawl_keys.leases)
+        assert not client.exists(crawl_keys.owned)
+        assert not client.exists(crawl_keys.busy)
+        assert not client.exists(crawl_keys.backlog)
+        assert not client.exists(crawl_keys.hosts)
         assert _stats(client, crawl_keys)["acked"] == 2
+
+    def test_ack_takes_handles_and_acks_with_a_rest(self, wide: Frontier) -> None:
+        wide.enqueue(_requests(b"a", b"b", b"c"))
+        a, b, c = wide.lease(3).leases
+        assert wide.ack([a.handle, (b.key, b.token, 0), (c.key, c.token, 1)]) == 3
 
     def test_ack_of_nothing(self, frontier: Frontier) -> None:
         assert frontier.ack([]) == 0
@@ -234,10 +384,11 @@ class TestAck:
         owner, other = make_frontier("w1"), make_frontier("w2")
         owner.enqueue(_requests(b"a"))
         (lease,) = owner.lease(1).leases
-        assert other.ack([lease.key]) == 0
+        assert other.ack([lease.handle]) == 0
         assert client.hget(crawl_keys.inflight, lease.key) is not None
         assert client.zscore(crawl_keys.leases, lease.key) is not None
-        assert owner.ack([lease.key]) == 1
+        assert client.zscore(crawl_keys.owned, f"w1\n{lease.key}") == 0
+        assert owner.ack([lease.handle]) == 1
 
     def test_owner_whose_id_prefixes_another_cannot_ack_its_lease(
         self, make_frontier: FrontierFactory
@@ -245,24 +396,47 @@ class TestAck:
         long_id, short_id = make_frontier("w10"), make_frontier("w1")
         long_id.enqueue(_requests(b"a"))
         (lease,) = long_id.lease(1).leases
-        assert short_id.ack([lease.key]) == 0
-        assert long_id.ack([lease.key]) == 1
+        assert short_id.ack([lease.handle]) == 0
+        assert long_id.ack([lease.handle]) == 1
+
+    def test_token_that_prefixes_the_real_one_cannot_ack(
+        self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        frontier.enqueue(_requests(b"a"))
+        client.set(crawl_keys.seq, 100)  # the next token has three digits
+        (lease,) = frontier.lease(1).leases
+        assert lease.token == "101"
+        for forged in ("10", "1", "", "1010", "101\n"):
+            assert frontier.ack([(lease.key, forged)]) == 0, forged
+        assert frontier.counts() == (0, 1)
+        assert frontier.ack([lease.handle]) == 1
 
     def test_ack_twice_counts_once(self, frontier: Frontier) -> None:
         frontier.enqueue(_requests(b"a"))
         (lease,) = frontier.lease(1).leases
-        assert frontier.ack([lease.key]) == 1
-        assert frontier.ack([lease.key]) == 0
+        assert frontier.ack([lease.handle]) == 1
+        assert frontier.ack([lease.handle]) == 0
 
     def test_unknown_key_is_not_acked(self, frontier: Frontier) -> None:
-        assert frontier.ack(["999999999999999"]) == 0
+        assert frontier.ack([("999999999999999", "1")]) == 0
 
-    def test_enqueue_children_and_ack_parent_in_one_call(
+    def test_ack_forgets_the_requeue_count(
         self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
     ) -> None:
+        frontier.enqueue(_requests(b"a"))
+        (lease,) = frontier.lease(1).leases
+        again = _requeued_back_to(frontier, client, crawl_keys, lease)
+        assert again.requeues == 1
+        assert frontier.ack([again.handle]) == 1
+        assert not client.exists(crawl_keys.requeues)
+
+    def test_enqueue_children_and_ack_parent_in_one_call(
+        self, wide: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        frontier = wide
         frontier.enqueue(_requests(b"parent"))
         (parent,) = frontier.lease(1).leases
-        result = frontier.enqueue(_requests(b"child1", b"child2", b"parent"), [parent.key])
+        result = frontier.enqueue(_requests(b"child1", b"child2", b"parent"), [parent.handle])
         assert result.statuses == "++d"
         assert result.acked == 1
         assert frontier.counts() == (2, 0)
@@ -273,15 +447,16 @@ class TestAck:
         owner, other = make_frontier("w1"), make_frontier("w2")
         owner.enqueue(_requests(b"parent"))
         (parent,) = owner.lease(1).leases
-        result = other.enqueue(_requests(b"child"), [parent.key])
+        result = other.enqueue(_requests(b"child"), [parent.handle])
         assert (result.statuses, result.acked) == ("+", 0)
         assert owner.counts() == (1, 1)
 
 
 class TestRelease:
     def test_release_restores_priority_and_order(
-        self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
+        self, wide: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
     ) -> None:
+        frontier = wide
         frontier.enqueue(
             [
                 NewRequest(b"a", b"1"),
@@ -293,21 +468,26 @@ class TestRelease:
         queue_before = client.zrange(crawl_keys.queue, 0, -1, withscores=True)
         leases = frontier.lease(2).leases  # high, a
         frontier.enqueue(_requests(b"c"))
-        assert frontier.release([lease.key for lease in leases]) == 2
+        assert frontier.release([lease.handle for lease in leases]) == 2
         queue_after = client.zrange(crawl_keys.queue, 0, -1, withscores=True)
         assert set(queue_before) <= set(queue_after)
         assert frontier.counts() == (5, 0)
         assert not client.exists(crawl_keys.inflight)
         assert not client.exists(crawl_keys.leases)
+        assert not client.exists(crawl_keys.owned)
+        assert not client.exists(crawl_keys.busy)
+        assert client.hgetall(crawl_keys.backlog) == {b"": b"5"}
         assert _payloads(frontier) == [b"high", b"a", b"b", b"c", b"low"]
         assert _stats(client, crawl_keys)["released"] == 2
 
     def test_release_keeps_the_order_key(self, frontier: Frontier) -> None:
         frontier.enqueue(_requests(b"a"))
         (first,) = frontier.lease(1).leases
-        frontier.release([first.key])
+        frontier.release([first.handle])
         (second,) = frontier.lease(1).leases
-        assert second == first
+        assert (second.key, second.payload) == (first.key, first.payload)
+        assert second.token != first.token
+        assert second.requeues == 0, "a release is not a requeue"
 
     def test_release_of_nothing(self, frontier: Frontier) -> None:
         assert frontier.release([]) == 0
@@ -318,24 +498,33 @@ class TestRelease:
         owner, other = make_frontier("w1"), make_frontier("w2")
         owner.enqueue(_requests(b"a"))
         (lease,) = owner.lease(1).leases
-        assert other.release([lease.key]) == 0
+        assert other.release([lease.handle]) == 0
         assert owner.counts() == (0, 1)
         assert client.hget(crawl_keys.inflight, lease.key) is not None
-        assert owner.release([lease.key, "999999999999999"]) == 1
+        assert owner.release([lease.handle, ("999999999999999", lease.token)]) == 1
 
 
 class TestBury:
     def test_bury_moves_lease_to_dead_letters_with_reason(
         self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
     ) -> None:
-        frontier.enqueue([NewRequest(b"bad\npayload", b"1", priority=4)])
+        frontier.enqueue([NewRequest(b"bad\npayload", b"1", priority=4, lane="h.example")])
         (lease,) = frontier.lease(1).leases
-        assert frontier.bury(lease.key, "does not\ndecode")
+        assert frontier.bury(lease.handle, "does not\ndecode")
         entry = client.hget(crawl_keys.dead, lease.key)
-        assert entry == b"does not decode\n-4\n" + lease.key.encode() + b"bad\npayload"
+        assert entry == b"does not decode\n" + _member(
+            b"bad\npayload", lease.key, "h.example", 4
+        )
         assert frontier.counts() == (0, 0)
         assert not client.exists(crawl_keys.leases)
+        assert not client.exists(crawl_keys.owned)
+        assert not client.exists(crawl_keys.busy), "the lane's slot is free again"
+        assert not client.exists(crawl_keys.host_next), "nothing was fetched: no rest"
         assert _stats(client, crawl_keys)["dead_lettered"] == 1
+        (letter,) = frontier.dead_letters()
+        assert (letter.field, letter.reason, letter.lane, letter.payload) == (
+            lease.key, "does not decode", "h.example", b"bad\npayload",
+        )
 
     def test_bury_of_another_workers_lease_is_refused(
         self, make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys
@@ -343,12 +532,99 @@ class TestBury:
         owner, other = make_frontier("w1"), make_frontier("w2")
         owner.enqueue(_requests(b"a"))
         (lease,) = owner.lease(1).leases
-        assert not other.bury(lease.key, "nope")
+        assert not other.bury(lease.handle, "nope")
         assert not client.exists(crawl_keys.dead)
         assert owner.counts() == (0, 1)
 
     def test_bury_of_unknown_key(self, frontier: Frontier) -> None:
-        assert not frontier.bury("999999999999999", "gone")
+        assert not frontier.bury(("999999999999999", "1"), "gone")
+
+
+class TestFencing:
+    """A lease requeued behind its owner's back can no longer be touched with the old token.
+
+    The dangerous case is the owner itself: a worker presumed dead (a long GC pause, a
+    network partition) comes back under the same id, and may even have leased the same
+    request again. Only the newest lease may ack, release or bury it.
+    """
+
+    def test_stale_token_of_the_same_worker_cannot_ack_the_new_lease(
+        self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        frontier.enqueue(_requests(b"a"))
+        (old,) = frontier.lease(1).leases
+        new = _requeued_back_to(frontier, client, crawl_keys, old)
+        assert new.requeues == 1
+
+        assert frontier.ack([old.handle]) == 0
+        assert frontier.counts() == (0, 1)
+        entry = client.hget(crawl_keys.inflight, new.key)
+        assert entry is not None
+        assert entry.startswith(f"w1\n{new.token}\n".encode())
+        assert client.zscore(crawl_keys.leases, new.key) is not None
+        assert client.zscore(crawl_keys.owned, f"w1\n{new.key}") == 0
+        assert frontier.ack([new.handle]) == 1
+        assert frontier.counts() == (0, 0)
+
+    def test_stale_ack_sent_with_children_still_queues_them(
+        self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        frontier.enqueue(_requests(b"parent"))
+        (old,) = frontier.lease(1).leases
+        new = _requeued_back_to(frontier, client, crawl_keys, old)
+        result = frontier.enqueue(_requests(b"child"), [old.handle])
+        assert (result.statuses, result.acked) == ("+", 0)
+        assert frontier.counts() == (1, 1)
+        assert frontier.ack([new.handle]) == 1
+
+    def test_stale_token_cannot_release_the_new_lease(
+        self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        frontier.enqueue(_requests(b"a"))
+        (old,) = frontier.lease(1).leases
+        new = _requeued_back_to(frontier, client, crawl_keys, old)
+        assert frontier.release([old.handle]) == 0
+        assert frontier.counts() == (0, 1)
+        assert client.hget(crawl_keys.inflight, new.key) is not None
+        assert "released" not in _stats(client, crawl_keys)
+        assert frontier.release([new.handle]) == 1
+        assert frontier.counts() == (1, 0)
+
+    def test_stale_token_cannot_bury_the_new_lease(
+        self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        frontier.enqueue(_requests(b"a"))
+        (old,) = frontier.lease(1).leases
+        new = _requeued_back_to(frontier, client, crawl_keys, old)
+        assert not frontier.bury(old.handle, "stale")
+        assert not client.exists(crawl_keys.dead)
+        assert frontier.counts() == (0, 1)
+        assert frontier.bury(new.handle, "fresh")
+        assert frontier.dead_letters()[0].reason == "fresh"
+
+    def test_old_token_is_refused_while_the_request_waits_in_the_queue(
+        self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        frontier.enqueue(_requests(b"a"))
+        (old,) = frontier.lease(1).leases
+        _declare_dead(client, crawl_keys, "w1")
+        assert _sweep(frontier) == 1
+        assert frontier.ack([old.handle]) == 0
+        assert frontier.release([old.handle]) == 0
+        assert not frontier.bury(old.handle, "stale")
+        assert frontier.counts() == (1, 0)
+        assert not client.exists(crawl_keys.dead)
+
+    def test_another_worker_with_the_right_token_is_refused(
+        self, make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        owner, other = make_frontier("w1"), make_frontier("w2")
+        owner.enqueue(_requests(b"a"))
+        (lease,) = owner.lease(1).leases
+        assert other.ack([lease.handle]) == 0
+        assert other.release([lease.handle]) == 0
+        assert not other.bury(lease.handle, "not yours")
+        assert owner.counts() == (0, 1)
 
 
 class TestWorkers:
@@ -413,11 +689,22 @@ class TestWorkers:
     def test_heartbeat_and_leave(
         self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
     ) -> None:
-        now_ms = frontier.heartbeat()
-        assert abs(now_ms - time.time() * 1000) < 5_000
-        assert client.zscore(crawl_keys.workers, "w1") == now_ms
+        frontier.register(flush=False, alive_ms=ALIVE_MS)
+        assert frontier.heartbeat() is True
+        client.zadd(crawl_keys.workers, {"w1": 1})
+        assert frontier.heartbeat() is False, "silent for ages: it may have been swept"
+        stamped = client.zscore(crawl_keys.workers, "w1")
+        assert stamped is not None
+        assert abs(stamped - time.time() * 1000) < 5_000
         frontier.leave()
         assert client.zscore(crawl_keys.workers, "w1") is None
+
+    def test_heartbeat_of_an_unknown_worker_says_so_and_registers_it(
+        self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        assert frontier.heartbeat() is False
+        assert client.zscore(crawl_keys.workers, "w1") is not None
+        assert frontier.heartbeat() is True
 
 
 class TestPurge:
@@ -433,13 +720,16 @@ class TestPurge:
         assert frontier.counts() == (0, 1)
 
     def test_purge_when_done_deletes_every_crawl_key(
-        self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
+        self, wide: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
     ) -> None:
+        frontier = wide
+        frontier.set_crawl_delay("example.com", 1.0)
         frontier.register(flush=False, alive_ms=ALIVE_MS)
         frontier.enqueue(_requests(b"a", b"b", b"start", is_start=True))
         leases = frontier.lease(3).leases
-        frontier.bury(leases[0].key, "bad")
-        frontier.ack([lease.key for lease in leases[1:]])
+        assert frontier.bury(leases[0].handle, "bad")
+        assert frontier.ack([(lease.key, lease.token, 5_000) for lease in leases[1:]]) == 2
+        assert client.exists(crawl_keys.host_next)
         assert frontier.purge_if_done()
         for key in crawl_keys.all_crawl_keys():
             assert not client.exists(key), key
@@ -450,7 +740,7 @@ class TestPurge:
         other = Frontier(client, CrawlKeys("redisspine", "other"), "w1")
         other.enqueue(_requests(b"a"))
         frontier.enqueue(_requests(b"b"))
-        frontier.ack([lease.key for lease in frontier.lease(1).leases])
+        assert frontier.ack([lease.handle for lease in frontier.lease(1).leases]) == 1
         assert frontier.purge_if_done()
         assert other.counts() == (1, 0)
 
@@ -464,15 +754,33 @@ class TestPurge:
 
 
 class TestRobustness:
-    def test_check_key_types_passes_on_empty_and_used_crawls(self, frontier: Frontier) -> None:
+    def test_check_key_types_passes_on_empty_and_used_crawls(
+        self, wide: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        frontier = wide
         frontier.check_key_types()
         frontier.register(flush=False, alive_ms=ALIVE_MS)
         frontier.enqueue(_requests(b"a", b"b", b"c", is_start=True))
+        frontier.set_crawl_delay("", 1.0)
         leases = frontier.lease(2).leases
-        frontier.bury(leases[0].key, "bad")
+        assert frontier.bury(leases[0].handle, "bad")
+        _declare_dead(client, crawl_keys, "w1")
+        assert _sweep(frontier) == 1
+        frontier.lease(1)
+        for name in (
+            "dead", "requeues", "owned", "inflight", "leases", "queue",
+            "hosts", "busy", "backlog", "host_next", "host_delay",
+        ):
+            assert client.exists(getattr(crawl_keys, name)), name
         frontier.check_key_types()
 
-    @pytest.mark.parametrize("name", ["queue", "inflight", "seen", "workers", "stats"])
+    @pytest.mark.parametrize(
+        "name",
+        [
+            "queue", "inflight", "seen", "workers", "stats", "owned", "requeues", "leases",
+            "hosts", "busy", "backlog", "host_next", "host_delay",
+        ],
+    )
     def test_check_key_types_names_the_corrupt_key(
         self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys, name: str
     ) -> None:
@@ -492,15 +800,17 @@ class TestRobustness:
         self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
     ) -> None:
         frontier.enqueue(_requests(b"good"))
+        # A foreign member, and with a score: lex ranges of the queue are unreliable
+        # until it is gone.
         client.zadd(crawl_keys.queue, {b"\xff\xfe\x00 binary garbage": -100})
-        batch = frontier.lease(10)
-        assert b"good" in [lease.payload for lease in batch.leases]
+        batches = [frontier.lease(10), frontier.lease(10)]
+        leased = [lease for batch in batches for lease in batch.leases]
+        assert [lease.payload for lease in leased] == [b"good"]
+        assert sum(batch.malformed for batch in batches) == 1
+        assert client.hlen(crawl_keys.dead) == 1
         # Nothing is stranded in flight without its owner knowing the key.
-        handed = {
-            lease.key.encode() if isinstance(lease.key, str) else lease.key
-            for lease in batch.leases
-        }
-        assert set(client.hkeys(crawl_keys.inflight)) <= handed
+        assert set(client.hkeys(crawl_keys.inflight)) == {lease.key.encode() for lease in leased}
+        assert frontier.counts() == (0, 1)
 
     def test_malformed_members_are_not_conflated(
         self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
@@ -517,8 +827,9 @@ class TestRobustness:
         assert located == 2
 
     def test_scripts_reload_after_script_flush(
-        self, frontier: Frontier, client: redis.Redis
+        self, wide: Frontier, client: redis.Redis
     ) -> None:
+        frontier = wide
         frontier.enqueue(_requests(b"a", b"b"))
         assert _payloads(frontier, 1) == [b"a"]
         client.script_flush()
@@ -529,13 +840,14 @@ class TestRobustness:
         assert frontier.register(flush=False, alive_ms=ALIVE_MS) == (False, 0)
 
     def test_arbitrary_bytes_survive_every_move(
-        self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
+        self, wide: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
     ) -> None:
+        frontier = wide
         payloads = [
             bytes(range(256)),
             b"\x00",
             b"\n\n",
-            b"w1\n0\n000000000000001",
+            b"w1\n1\n0\n000000000000001",
             b"",
             b"\xff" * 1000,
             "h\u00e9llo \u2603".encode(),
@@ -547,26 +859,37 @@ class TestRobustness:
                 for i, (payload, fingerprint) in enumerate(zip(payloads, fingerprints, strict=True))
             ]
         )
-        assert client.smembers(crawl_keys.seen) == set(fingerprints)
+        assert client.smembers(crawl_keys.seen) == {f[:14] for f in fingerprints}
         leased = frontier.lease(100).leases
         assert sorted(lease.payload for lease in leased) == sorted(payloads)
-        assert frontier.release([lease.key for lease in leased]) == len(payloads)
+        assert frontier.release([lease.handle for lease in leased]) == len(payloads)
         leased = frontier.lease(100).leases
         assert [lease.payload for lease in leased] == payloads[::-1]
-        frontier.bury(leased[0].key, "reason")
-        assert client.hget(crawl_keys.dead, leased[0].key).endswith(payloads[-1])
-        assert frontier.ack([lease.key for lease in leased[1:]]) == len(payloads) - 1
+        _declare_dead(client, crawl_keys, "w1")
+        assert _sweep(frontier) == len(payloads)
+        leased = frontier.lease(100).leases
+        assert [lease.payload for lease in leased] == payloads[::-1]
+        assert frontier.bury(leased[0].handle, "reason")
+        assert client.hget(crawl_keys.dead, leased[0].key) == b"reason\n" + _member(
+            payloads[-1], leased[0].key, "", len(payloads) - 1
+        )
+        (letter,) = frontier.dead_letters()
+        assert (letter.lane, letter.payload) == ("", payloads[-1])
+        assert frontier.ack([lease.handle for lease in leased[1:]]) == len(payloads) - 1
 
 
 # -- many workers at once (real server only) --------------------------------------
 
 N_REQUESTS = 2_000
+N_LANES = 50
 
 
 def _lease_until_empty(url: str, worker_id: str, batch: int) -> list[bytes]:
     client = redis.Redis.from_url(url)
     try:
-        frontier = Frontier(client, CrawlKeys("redisspine", "test"), worker_id)
+        frontier = Frontier(
+            client, CrawlKeys("redisspine", "test"), worker_id, concurrency=N_REQUESTS
+        )
         leased: list[bytes] = []
         while True:
             leases = frontier.lease(batch).leases
@@ -587,10 +910,17 @@ def _process_worker(
 def _fill(url: str) -> list[bytes]:
     client = redis.Redis.from_url(url)
     try:
-        frontier = Frontier(client, CrawlKeys("redisspine", "test"), "seeder")
+        frontier = Frontier(
+            client, CrawlKeys("redisspine", "test"), "seeder", concurrency=N_REQUESTS
+        )
         payloads = [f"request-{i}".encode() for i in range(N_REQUESTS)]
         for first in range(0, N_REQUESTS, 500):
-            frontier.push(_requests(*payloads[first : first + 500]))
+            frontier.push(
+                [
+                    NewRequest(payload, b"fp-" + payload, lane=f"host-{i % N_LANES}")
+                    for i, payload in enumerate(payloads[first : first + 500], first)
+                ]
+            )
         return payloads
     finally:
         client.close()

@@ -158,9 +158,15 @@ def _next(scheduler: Scheduler, attempts: int = 5) -> Request | None:
 
 
 def _drain(scheduler: Scheduler) -> list[Request]:
+    """Every request the scheduler hands out, each processed (acked) before the next.
+
+    The ack frees its host's slot: with one request of a host in flight at a time
+    (REDISSPINE_HOST_CONCURRENCY=1), the next one is leased only after it.
+    """
     requests = []
     while (request := _next(scheduler, attempts=2)) is not None:
         requests.append(request)
+        scheduler._on_request_done(request)
     return requests
 
 
@@ -225,10 +231,37 @@ def test_full_batch_is_sent_at_once(
 
 
 def test_priority_order(scheduler: Scheduler) -> None:
+    # one host: priority is honoured within a politeness lane
     for priority in (0, 10, -5, 3, 10):
         scheduler.enqueue_request(Request(f"http://example.com/{priority}", priority=priority,
                                           dont_filter=True))
     assert [r.priority for r in _drain(scheduler)] == [10, 10, 3, 0, -5]
+
+
+def test_priority_order_is_per_host(scheduler: Scheduler) -> None:
+    for host in ("a.example", "b.example"):
+        for priority in (0, 10, -5):
+            scheduler.enqueue_request(Request(f"http://{host}/{priority}", priority=priority))
+    requests = _drain(scheduler)
+    assert len(requests) == 6
+    for host in ("a.example", "b.example"):
+        assert [r.priority for r in requests if host in r.url] == [10, 0, -5]
+
+
+def test_one_request_per_host_in_flight_by_default(
+    make_scheduler: MakeScheduler, redis_backend: Backend
+) -> None:
+    scheduler = make_scheduler(REDISSPINE_LEASE_BATCH_SIZE=10)
+    scheduler._hooks = StubHooks(free_slots=10)  # type: ignore[assignment]
+    for host in ("a.example", "b.example"):
+        for i in range(3):
+            scheduler.enqueue_request(Request(f"http://{host}/{i}"))
+    first = scheduler.next_request()
+    assert first is not None
+    assert _counts(redis_backend) == (4, 2), "one lease per host, though 10 slots are free"
+    assert {request.url for request, _ in scheduler._ready} | {first.url} == {
+        "http://a.example/0", "http://b.example/0",
+    }
 
 
 def test_lifo_order(make_scheduler: MakeScheduler) -> None:
@@ -357,7 +390,8 @@ def test_keep_alive_is_always_pending(make_scheduler: MakeScheduler) -> None:
 def test_close_releases_leased_but_unstarted_requests(
     make_scheduler: MakeScheduler, redis_backend: Backend
 ) -> None:
-    scheduler = make_scheduler("w1", REDISSPINE_LEASE_BATCH_SIZE=4)
+    # one host; four of its requests may be in flight at once
+    scheduler = make_scheduler("w1", REDISSPINE_LEASE_BATCH_SIZE=4, REDISSPINE_HOST_CONCURRENCY=4)
     scheduler._hooks = StubHooks(free_slots=10)  # type: ignore[assignment]
     for i in range(6):
         scheduler.enqueue_request(Request(f"http://example.com/{i}", priority=i))
@@ -372,6 +406,8 @@ def test_close_releases_leased_but_unstarted_requests(
     assert queue_before <= set(redis_backend.client.zrange(KEYS.queue, 0, -1, withscores=True))
     assert _stat(scheduler, "redisspine/scheduler/released") == 4
     assert redis_backend.client.zscore(KEYS.workers, "w1") is None
+    assert not redis_backend.client.exists(KEYS.busy), "the host's slots are free again"
+    assert redis_backend.client.hgetall(KEYS.backlog) == {b"example.com": b"6"}
 
     other = make_scheduler("w2")
     assert [r.priority for r in _drain(other)] == [5, 4, 3, 2, 1, 0]

@@ -43,10 +43,26 @@ def test_every_setting_is_prefixed_and_declared_once() -> None:
     assert set(DEFAULTS) == set(names)
 
 
+#: Config fields read from Scrapy's own settings rather than a REDISSPINE_ one.
+FROM_SCRAPY_SETTINGS = {
+    "download_delay": "DOWNLOAD_DELAY",
+    "download_delay_jitter": "DOWNLOAD_DELAY_JITTER",  # or RANDOMIZE_DOWNLOAD_DELAY
+}
+
+
 def test_every_config_field_comes_from_a_setting() -> None:
     fields = {field.name for field in dataclasses.fields(SpineConfig)}
     settings = {setting.name.removeprefix("REDISSPINE_").lower() for setting in SETTINGS}
-    assert fields == settings
+    assert fields == settings | set(FROM_SCRAPY_SETTINGS)
+    assert not settings & set(FROM_SCRAPY_SETTINGS)
+
+
+def test_fields_from_scrapy_settings_are_read_from_them() -> None:
+    defaults = load_config({})
+    assert (defaults.download_delay, defaults.download_delay_jitter) == (0.0, 0.5)
+    config = load_config({"DOWNLOAD_DELAY": "2.5", "DOWNLOAD_DELAY_JITTER": 0.2})
+    assert (config.download_delay, config.download_delay_jitter) == (2.5, 0.2)
+    assert load_config({"RANDOMIZE_DOWNLOAD_DELAY": "false"}).download_delay_jitter == 0.0
 
 
 def test_config_is_frozen() -> None:

@@ -7,6 +7,8 @@ failing that, the ``LINKS_START_URLS`` setting (a comma-separated string or list
 
 from __future__ import annotations
 
+import os
+import signal
 from typing import TYPE_CHECKING, Any
 
 import scrapy
@@ -22,6 +24,9 @@ class LinkSpider(scrapy.Spider):
 
     def __init__(self, start_urls: str | list[str] | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        allowed = kwargs.get("allowed_domains")
+        if isinstance(allowed, str):
+            self.allowed_domains = [d for d in allowed.split(",") if d]
         if isinstance(start_urls, str):
             start_urls = [url.strip() for url in start_urls.split(",") if url.strip()]
         self.start_urls = start_urls or []
@@ -35,9 +40,24 @@ class LinkSpider(scrapy.Spider):
         dont_filter = self.settings.getbool("LINKS_START_DONT_FILTER")
         for url in urls:
             yield scrapy.Request(url, callback=self.parse, dont_filter=dont_filter)
+        # Requests that end without a callback's output: 404s, refused connections
+        # (retried, then errback), offsite (IgnoreRequest in the downloader).
+        for url in self.settings.getlist("LINKS_EXTRA_START_URLS"):
+            yield scrapy.Request(url, callback=self.parse, errback=self.failed)
+
+    def failed(self, failure: Any) -> None:
+        self.logger.info("request failed: %s", failure.request)
 
     def parse(self, response: Response, **kwargs: Any) -> Iterator[Any]:
         yield {"url": response.url}
+        kill_page = self.settings.get("LINKS_KILL_PAGE")
+        if kill_page and response.url.endswith(kill_page):
+            # Crash inside the callback after some requests were yielded: they sit in
+            # the scheduler's outbox and die with the process; the page's lease must
+            # bring them back.
+            for href in response.css("a::attr(href)").getall()[:2]:
+                yield response.follow(href, callback=self.parse)
+            os.kill(os.getpid(), signal.SIGKILL)
         bad_page = self.settings.get("LINKS_BAD_META_PAGE")
         if bad_page and response.url.endswith(bad_page):
             # A request that cannot be stored: the worker must log it and go on.

@@ -1,0 +1,93 @@
+"""Downloader middleware: what a response says about its host, told to the fleet.
+
+- A 429 or 503 with ``Retry-After`` blocks the host fleet-wide until then (capped by
+  ``REDISSPINE_MAX_RETRY_AFTER_SECONDS``), instead of every worker retrying on its own:
+  the block travels with the ack of the request that got the answer.
+- A robots.txt ``Crawl-delay`` (Scrapy's ``robots_parsed`` signal, with
+  ``ROBOTSTXT_OBEY``) is learned once per host and shared through Redis.
+
+In-flight state itself is not written here: the lease script records a request in
+the in-flight HASH in the same atomic step that takes it off the queue, which no
+middleware call could match (it would add a round trip and a window for loss).
+"""
+
+from __future__ import annotations
+
+import email.utils
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from scrapy import signals as scrapy_signals
+
+from scrapy_redisspine import signals
+from scrapy_redisspine.settings import SpineConfig, load_config
+
+if TYPE_CHECKING:
+    from scrapy import Request
+    from scrapy.crawler import Crawler
+    from scrapy.http import Response
+
+    from scrapy_redisspine.scheduler import Scheduler
+
+logger = logging.getLogger(__name__)
+
+_RETRY_AFTER_STATUSES = (429, 503)
+
+
+def parse_retry_after(value: bytes | str | None, now: float | None = None) -> float | None:
+    """Seconds to wait from a ``Retry-After`` header (delta-seconds or HTTP date)."""
+    if value is None:
+        return None
+    text = value.decode("latin-1") if isinstance(value, bytes) else value
+    text = text.strip()
+    if text.isascii() and text.isdigit():
+        return float(text)
+    try:
+        moment = email.utils.parsedate_to_datetime(text)
+    except (TypeError, ValueError):
+        return None
+    return max(moment.timestamp() - (time.time() if now is None else now), 0.0)
+
+
+class Politeness:
+    """Feeds Retry-After and Crawl-delay into the fleet's per-host schedule."""
+
+    def __init__(self, config: SpineConfig, user_agent: str = "*") -> None:
+        self.config = config
+        self.user_agent = user_agent
+        self.scheduler: Scheduler | None = None
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> Politeness:
+        middleware = cls(load_config(crawler.settings),
+                         crawler.settings.get("ROBOTSTXT_USER_AGENT")
+                         or crawler.settings.get("USER_AGENT") or "*")
+        crawler.signals.connect(middleware.worker_opened, signal=signals.worker_opened)
+        crawler.signals.connect(middleware.robots_parsed, signal=scrapy_signals.robots_parsed)
+        return middleware
+
+    def worker_opened(self, scheduler: Scheduler) -> None:
+        self.scheduler = scheduler
+
+    def process_response(self, request: Request, response: Response, *args: Any) -> Response:
+        if response.status in _RETRY_AFTER_STATUSES and self.scheduler is not None:
+            seconds = parse_retry_after(response.headers.get(b"Retry-After"))
+            if seconds is not None:
+                capped = min(seconds, self.config.max_retry_after_seconds)
+                self.scheduler.block_host(request, capped)
+                logger.info(
+                    "redisspine: %s answered %d with Retry-After %.0f s: host blocked "
+                    "fleet-wide for %.0f s", request.url, response.status, seconds, capped,
+                )
+        return response
+
+    def robots_parsed(self, robotparser: Any, request: Request, **_: Any) -> None:
+        if self.scheduler is None:
+            return
+        try:
+            delay = robotparser.crawl_delay(self.user_agent)
+        except Exception:  # a parser that cannot answer means no Crawl-delay
+            delay = None
+        if delay:
+            self.scheduler.learn_crawl_delay(request.url, float(delay))

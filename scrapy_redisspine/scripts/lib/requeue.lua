@@ -1,0 +1,39 @@
+--[[
+requeue library: put one lease back in the queue, or into the dead letters once it
+was requeued too often. Requires lib/hosts.lua included first, and the locals
+queue, inflight, leases, owned, requeues, dead (keys), max_requeues (number) and
+rest_ms (how long the lane rests: its dead worker may have been mid-fetch).
+
+requeue_lease(key, reason) -> "q" requeued, "d" dead-lettered, "" nothing to do
+(already acked, released or requeued: this is what makes concurrent sweeps safe).
+]]
+local function requeue_lease(key, reason)
+    local entry = redis.call("HGET", inflight, key)
+    if not entry then
+        redis.call("ZREM", leases, key)
+        return ""
+    end
+    local owner_end = string.find(entry, "\n", 1, true)
+    local token_end = string.find(entry, "\n", owner_end + 1, true)
+    local owner = string.sub(entry, 1, owner_end - 1)
+    local member = string.sub(entry, token_end + 1)
+    redis.call("HDEL", inflight, key)
+    redis.call("ZREM", leases, key)
+    redis.call("ZREM", owned, owner .. "\n" .. key)
+    local lane = member_lane(member)
+    local times = redis.call("HINCRBY", requeues, key, 1)
+    local outcome = "q"
+    if times > max_requeues or not lane then
+        redis.call("HDEL", requeues, key)
+        local why = string.gsub(reason, "\n", " ") .. "; requeued " .. (times - 1) .. " times"
+        redis.call("HSET", dead, key, why .. "\n" .. member)
+        outcome = "d"
+    else
+        redis.call("ZADD", queue, 0, member)
+        redis.call("HINCRBY", backlog, lane, 1)
+    end
+    if lane then
+        host_released(lane, rest_ms)
+    end
+    return outcome
+end

@@ -1,0 +1,45 @@
+--[[
+reinject_dead: put dead letters back in the queue (after the cause was fixed),
+in their lane with their priority and order key, and a fresh requeue budget.
+Entries without a valid lane (malformed members) stay dead.
+
+KEYS[1]  dead      HASH   dead letters: field -> reason \n member
+KEYS[2]  queue     ZSET   score 0, member = lane \0 priority key order key payload
+KEYS[3]  requeues  HASH   order key -> times requeued
+KEYS[4]  stats     HASH   fleet-wide counters
+KEYS[5]  hosts     ZSET   (lib/hosts.lua)
+KEYS[6]  busy      HASH   (lib/hosts.lua)
+KEYS[7]  backlog   HASH   (lib/hosts.lua)
+KEYS[8]  host_next HASH   (lib/hosts.lua)
+
+ARGV[1]  concurrency  most requests of one lane in flight fleet-wide
+ARGV[2 ..]            dead-letter fields to re-inject
+
+Returns the number re-injected.
+]]
+local dead, queue, requeues, stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local hosts, busy, backlog, host_next = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local concurrency = tonumber(ARGV[1])
+local time = redis.call("TIME")
+local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+-- #include hosts
+
+local reinjected = 0
+for i = 2, #ARGV do
+    local entry = redis.call("HGET", dead, ARGV[i])
+    if entry then
+        local member = string.sub(entry, string.find(entry, "\n", 1, true) + 1)
+        local lane, key = member_lane(member)
+        if lane then
+            redis.call("ZADD", queue, 0, member)
+            redis.call("HDEL", requeues, key)
+            redis.call("HDEL", dead, ARGV[i])
+            host_enqueued(lane)
+            reinjected = reinjected + 1
+        end
+    end
+end
+if reinjected > 0 then
+    redis.call("HINCRBY", stats, "reinjected", reinjected)
+end
+return reinjected

@@ -1,0 +1,62 @@
+--[[
+release_orphans: put back the leases of one worker that the worker does not know
+it holds: a lease call whose reply was lost (connection dropped after Redis ran
+it) leaves leases recorded for a worker that never received them. The worker,
+alive and heartbeating, would never be swept, so it returns them itself.
+
+KEYS[1]  owned     ZSET   score 0, member owner \n order key
+KEYS[2]  inflight  HASH   order key -> owner \n token \n member
+KEYS[3]  leases    ZSET   order key -> lease time (ms)
+KEYS[4]  queue     ZSET   score 0, member = lane \0 priority key order key payload
+KEYS[5]  stats     HASH   fleet-wide counters
+KEYS[6]  hosts     ZSET   (lib/hosts.lua)
+KEYS[7]  busy      HASH   (lib/hosts.lua)
+KEYS[8]  backlog   HASH   (lib/hosts.lua)
+KEYS[9]  host_next HASH   (lib/hosts.lua)
+
+ARGV[1]  owner        worker id
+ARGV[2]  limit        most leases to look at
+ARGV[3]  concurrency  most requests of one lane in flight fleet-wide
+ARGV[4 ..]            order keys this worker knows it holds (kept)
+
+Returns the number of leases put back.
+]]
+local owned, inflight, leases, queue, stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local hosts, busy, backlog, host_next = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
+local owner, limit, concurrency = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local time = redis.call("TIME")
+local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+-- #include hosts
+
+local known = {}
+for i = 4, #ARGV do
+    known[ARGV[i]] = true
+end
+local released = 0
+local held = redis.call("ZRANGEBYLEX", owned, "[" .. owner .. "\n", "(" .. owner .. "\v",
+                        "LIMIT", 0, limit)
+for _, owned_member in ipairs(held) do
+    local key = string.sub(owned_member, #owner + 2)
+    if not known[key] then
+        local entry = redis.call("HGET", inflight, key)
+        if entry then
+            local owner_end = string.find(entry, "\n", 1, true)
+            local token_end = string.find(entry, "\n", owner_end + 1, true)
+            local member = string.sub(entry, token_end + 1)
+            redis.call("ZADD", queue, 0, member)
+            redis.call("HDEL", inflight, key)
+            local lane = member_lane(member)
+            if lane then
+                redis.call("HINCRBY", backlog, lane, 1)
+                host_released(lane, nil)
+            end
+            released = released + 1
+        end
+        redis.call("ZREM", leases, key)
+        redis.call("ZREM", owned, owned_member)
+    end
+end
+if released > 0 then
+    redis.call("HINCRBY", stats, "released", released)
+end
+return released

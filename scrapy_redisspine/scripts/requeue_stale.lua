@@ -1,0 +1,88 @@
+--[[
+requeue_stale: return the leases of workers that stopped heartbeating, and leases
+older than an absolute ceiling, to the queue. Any worker may run it at any time,
+several at once: each lease is requeued once (the first sweep removes it from
+in-flight, later ones find nothing), and never after it was acked.
+
+Costs O(stale): dead workers come from the heartbeat ZSET by score, their leases
+from the `owned` index by lex range, old leases from `leases` by score.
+
+KEYS[1]  workers   ZSET   worker id -> last heartbeat (ms, Redis TIME)
+KEYS[2]  owned     ZSET   score 0, member owner \n order key
+KEYS[3]  inflight  HASH   order key -> owner \n token \n member
+KEYS[4]  leases    ZSET   order key -> lease time (ms)
+KEYS[5]  queue     ZSET   score 0, member = lane \0 priority key order key payload
+KEYS[6]  dead      HASH   dead letters: order key -> reason \n member
+KEYS[7]  requeues  HASH   order key -> times requeued
+KEYS[8]  stats     HASH   fleet-wide counters
+KEYS[9]  hosts     ZSET   (lib/hosts.lua)
+KEYS[10] busy      HASH   (lib/hosts.lua)
+KEYS[11] backlog   HASH   (lib/hosts.lua)
+KEYS[12] host_next HASH   (lib/hosts.lua)
+
+ARGV[1]  timeout_ms    a worker silent for longer is dead
+ARGV[2]  ceiling_ms    a lease older than this is requeued even if its owner lives
+                       (0: no ceiling)
+ARGV[3]  max_requeues  a lease requeued more often goes to the dead letters
+ARGV[4]  limit         most leases handled in one call (bounds the call's time)
+ARGV[5]  concurrency   most requests of one lane in flight fleet-wide
+ARGV[6]  rest_ms       how long a requeued request's lane rests (the dead worker
+                       may have been fetching from it)
+
+Returns { requeued, dead_lettered, workers_removed }.
+]]
+local workers, owned, inflight, leases = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local queue, dead, requeues, stats = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local timeout_ms, ceiling_ms = tonumber(ARGV[1]), tonumber(ARGV[2])
+local max_requeues, limit = tonumber(ARGV[3]), tonumber(ARGV[4])
+local concurrency, rest_ms = tonumber(ARGV[5]), tonumber(ARGV[6])
+local hosts, busy, backlog, host_next = KEYS[9], KEYS[10], KEYS[11], KEYS[12]
+local time = redis.call("TIME")
+local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+-- #include hosts
+-- #include requeue
+local counts = { q = 0, d = 0 }
+local budget = limit
+local removed = 0
+
+local function handle(key, reason)
+    local outcome = requeue_lease(key, reason)
+    if outcome ~= "" then
+        counts[outcome] = counts[outcome] + 1
+    end
+    budget = budget - 1
+end
+
+local stale = redis.call("ZRANGEBYSCORE", workers, "-inf", "(" .. (now_ms - timeout_ms),
+                         "LIMIT", 0, limit)
+for _, worker in ipairs(stale) do
+    if budget <= 0 then
+        break
+    end
+    -- "\n" is byte 10: every member "worker\n..." sorts below "worker\v".
+    local held = redis.call("ZRANGEBYLEX", owned, "[" .. worker .. "\n", "(" .. worker .. "\v",
+                            "LIMIT", 0, budget)
+    for _, member in ipairs(held) do
+        handle(string.sub(member, #worker + 2), "worker " .. worker .. " stopped heartbeating")
+    end
+    if budget > 0 then
+        redis.call("ZREM", workers, worker)
+        removed = removed + 1
+    end
+end
+
+if ceiling_ms > 0 and budget > 0 then
+    local old = redis.call("ZRANGEBYSCORE", leases, "-inf", "(" .. (now_ms - ceiling_ms),
+                           "LIMIT", 0, budget)
+    for _, key in ipairs(old) do
+        handle(key, "lease older than " .. ceiling_ms .. " ms")
+    end
+end
+
+if counts.q > 0 then
+    redis.call("HINCRBY", stats, "requeued", counts.q)
+end
+if counts.d > 0 then
+    redis.call("HINCRBY", stats, "dead_lettered", counts.d)
+end
+return { counts.q, counts.d, removed }

@@ -1,0 +1,22 @@
+--[[
+seen: record fingerprints in the crawl's dedup record (SET or Bloom filter, see
+lib/dedup.lua) and say which were new, in one atomic step for the whole batch.
+Used by RedisDupeFilter.request_seen (other schedulers), tools and benchmarks; the
+scheduler's own path is enqueue.lua, which includes the same library.
+
+KEYS[1]  seen   SET    raw fingerprints
+KEYS[2]  dedup  HASH   dedup mode and Bloom filter parameters
+KEYS[3]  bloom  STRING Bloom filter (bitmap or RedisBloom)
+
+ARGV[1 ..]      fingerprints (raw bytes)
+
+Returns a string with one character per fingerprint: "1" new (now recorded),
+"0" seen before.
+]]
+local dedup_seen, dedup_meta, dedup_bloom = KEYS[1], KEYS[2], KEYS[3]
+-- #include dedup
+local statuses = {}
+for i = 1, #ARGV do
+    statuses[i] = dedup_add(ARGV[i]) == 1 and "1" or "0"
+end
+return table.concat(statuses)

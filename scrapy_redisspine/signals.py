@@ -1,0 +1,8 @@
+"""Signals the plugin sends through Scrapy's signal manager.
+
+``worker_opened`` lets the recovery extension share the scheduler's connection and
+worker identity instead of registering a second, different worker in Redis.
+"""
+
+#: Sent by the scheduler once it joined its crawl. Arguments: ``scheduler``.
+worker_opened = object()

@@ -1,0 +1,412 @@
+"""The dedup record (dedup.py, lib/dedup.lua and its scripts) on fakeredis and a real server.
+
+One contract runs over every strategy: the exact SET, the Lua bitmap Bloom filter,
+a record caught in the middle of its SET-to-Bloom switch, and RedisBloom's BF.*
+(fakeredis only: the real test server has no module). Bloom filters here are a few
+KB, because fakeredis copies a whole string on every write.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import TYPE_CHECKING
+
+import fakeredis
+import pytest
+import redis
+
+from scrapy_redisspine import bloom
+from scrapy_redisspine.dedup import (
+    MODE_BLOOM,
+    MODE_MIGRATING,
+    MODE_SET,
+    SET_MEMBER_BYTES,
+    Dedup,
+    DedupConfigError,
+    DedupParams,
+    DedupState,
+)
+from scrapy_redisspine.frontier import CorruptKeyError, Frontier, NewRequest
+from scrapy_redisspine.keys import CrawlKeys
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
+    from scrapy_redisspine.testing.redis_server import RedisServer
+
+KEYS = CrawlKeys("redisspine", "dedup-test")
+TINY_RATE = 1e-6  # contract tests must not see a false positive
+STRATEGIES = [
+    ("set", "fakeredis"), ("set", "redis"),
+    ("bitmap", "fakeredis"), ("bitmap", "redis"),
+    ("migrating", "fakeredis"), ("migrating", "redis"),
+    ("redisbloom", "fakeredis"),
+]
+
+
+def fps(count: int, salt: str = "") -> list[bytes]:
+    return [hashlib.sha1(f"{salt}{i}".encode()).digest() for i in range(count)]
+
+
+def seed_set(client: redis.Redis, fingerprints: list[bytes]) -> None:
+    """Fingerprints seen in SET mode, stored as the record stores them."""
+    client.sadd(KEYS.seen, *(f[:SET_MEMBER_BYTES] for f in fingerprints))
+
+
+def _escaped(key: str) -> str:
+    return key.replace("{", r"\{").replace("}", r"\}")
+
+
+@pytest.fixture
+def make_client(request: pytest.FixtureRequest) -> Iterator[Callable[[], redis.Redis]]:
+    """Clients of one backend, chosen by the test's ``backend`` parameter."""
+    backend = request.node.callspec.params.get("backend") or request.node.callspec.params[
+        "strategy_backend"][1]
+    clients: list[redis.Redis] = []
+    if backend == "fakeredis":
+        server = fakeredis.FakeServer()
+
+        def make() -> redis.Redis:
+            clients.append(fakeredis.FakeRedis(server=server))
+            return clients[-1]
+    else:
+        redis_server: RedisServer = request.getfixturevalue("redis_server")
+        request.getfixturevalue("redis_url")  # FLUSHALL
+
+        def make() -> redis.Redis:
+            clients.append(redis_server.client())
+            return clients[-1]
+
+    yield make
+    for client in clients:
+        client.close()
+
+
+@pytest.fixture
+def client(make_client: Callable[[], redis.Redis]) -> redis.Redis:
+    return make_client()
+
+
+def bitmap_params(**overrides: float) -> DedupParams:
+    values: dict[str, float | str] = {
+        "set_max_fingerprints": 0, "backend": "bitmap", "capacity": 2000,
+        "error_rate": TINY_RATE, "chunk_size": 50,
+    }
+    values.update(overrides)
+    return DedupParams(**values)  # type: ignore[arg-type]
+
+
+def opened(client: redis.Redis, params: DedupParams) -> Dedup:
+    record = Dedup(client, KEYS, params)
+    record.open()
+    return record
+
+
+# -- the contract, over every strategy ----------------------------------------------
+
+
+@pytest.fixture(params=STRATEGIES, ids=["-".join(s) for s in STRATEGIES])
+def strategy_backend(request: pytest.FixtureRequest) -> tuple[str, str]:
+    return request.param  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def record(strategy_backend: tuple[str, str], client: redis.Redis) -> Dedup:
+    strategy = strategy_backend[0]
+    if strategy == "set":
+        return opened(client, DedupParams(backend="none"))
+    if strategy == "redisbloom":
+        record = opened(client, bitmap_params(backend="redisbloom"))
+    elif strategy == "bitmap":
+        record = opened(client, bitmap_params())
+    else:  # migrating: 300 fingerprints seen in SET mode, 100 of them moved so far
+        seed_set(client, fps(300, "old"))
+        record = opened(client, bitmap_params(set_max_fingerprints=100))
+        record.maintain(0)
+        record.migrate_chunk()
+        assert record.state().mode == MODE_MIGRATING
+        assert client.scard(KEYS.seen) == 200
+        return record
+    assert record.maintain().mode == MODE_BLOOM
+    return record
+
+
+class TestContract:
+    def test_new_then_seen(self, record: Dedup) -> None:
+        batch = fps(50)
+        assert record.add(batch) == [True] * 50
+        assert record.add(batch) == [False] * 50
+
+    def test_a_duplicate_within_one_batch(self, record: Dedup) -> None:
+        a, b = fps(2)
+        assert record.add([a, b, a, b]) == [True, True, False, False]
+
+    def test_distinct_fingerprints_are_all_new(self, record: Dedup) -> None:
+        assert all(record.add(fps(500, "distinct")))
+
+    def test_enqueue_script_decides_with_the_same_record(
+        self, record: Dedup, client: redis.Redis
+    ) -> None:
+        frontier = Frontier(client, KEYS, "w1")
+        first, second = fps(2)
+        result = frontier.enqueue([NewRequest(b"a", first), NewRequest(b"a2", first)])
+        assert result.statuses == "+d"
+        assert record.add([first]) == [False]
+        record.add([second])
+        assert frontier.enqueue([NewRequest(b"b", second)]).statuses == "d"
+
+    def test_dont_filter_bypasses_the_record_and_leaves_it_alone(
+        self, record: Dedup, client: redis.Redis
+    ) -> None:
+        frontier = Frontier(client, KEYS, "w1")
+        (fingerprint,) = fps(1)
+        requests = [NewRequest(b"a", fingerprint, dont_filter=True)] * 2
+        assert frontier.enqueue(requests).statuses == "++"
+        assert record.add([fingerprint]) == [True]
+
+    def test_hand_made_short_fingerprints(self, record: Dedup) -> None:
+        assert record.add([b"fp-a", b"fp-b", b""]) == [True, True, True]
+        assert record.add([b"fp-a", b"fp-b", b""]) == [False, False, False]
+
+    def test_empty_batch(self, record: Dedup) -> None:
+        assert record.add([]) == []
+
+
+# -- the Lua bitmap filter -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", ["fakeredis", "redis"])
+class TestBitmapFilter:
+    def test_lua_sets_exactly_the_reference_bits(self, backend: str, client: redis.Redis) -> None:
+        record = opened(client, bitmap_params())
+        record.maintain()
+        layer = record.state().layers[0]
+        for fingerprint in [*fps(3), b"short"]:
+            record.add([fingerprint])
+            positions = bloom.bit_positions(fingerprint, layer)
+            assert all(client.getbit(KEYS.bloom, position) for position in positions)
+        set_bits = int(client.bitcount(KEYS.bloom))
+        expected = {p for f in [*fps(3), b"short"] for p in bloom.bit_positions(f, layer)}
+        assert set_bits == len(expected)
+
+    def test_grows_past_capacity_and_keeps_its_error_rate(
+        self, backend: str, client: redis.Redis
+    ) -> None:
+        record = opened(client, bitmap_params(capacity=200, error_rate=0.02))
+        record.maintain()
+        assert sum(record.add(fps(3000, "in"))) > 2900
+        state = record.state()
+        assert state.active_layers == 4  # 200 + 400 + 800 + 1600 >= 3000
+        assert state.layer_counts[:3] == (200, 400, 800)  # small layers count exactly
+        assert client.strlen(KEYS.bloom) == state.layers[3].end
+        fresh = fps(3000, "fresh")
+        false_positives = 3000 - sum(record.add(fresh))
+        # A single 200-fingerprint layer this full would answer "seen" almost always.
+        assert false_positives / 3000 <= 0.02 * 1.5
+        assert not state.full
+
+    def test_full_means_last_planned_layer_at_capacity(self, backend: str) -> None:
+        layers = (bloom.BloomLayer(0, 1, 7, 10, 1), bloom.BloomLayer(64, 2, 8, 20, 1))
+        assert not DedupState(MODE_BLOOM, "bitmap", 0, layers, 1, (10,)).full
+        assert not DedupState(MODE_BLOOM, "bitmap", 0, layers, 2, (10, 19)).full
+        assert DedupState(MODE_BLOOM, "bitmap", 0, layers, 2, (10, 20)).full
+
+
+# -- the switch from SET to Bloom filter ----------------------------------------------
+
+
+@pytest.mark.parametrize("backend", ["fakeredis", "redis"])
+class TestSwitch:
+    def test_no_switch_below_the_threshold(self, backend: str, client: redis.Redis) -> None:
+        seed_set(client, fps(99))
+        record = opened(client, bitmap_params(set_max_fingerprints=100))
+        assert record.maintain().mode == MODE_SET
+        assert not client.exists(KEYS.bloom, KEYS.dedup)
+
+    def test_switch_drains_the_set_and_never_forgets(
+        self, backend: str, client: redis.Redis
+    ) -> None:
+        old = fps(500, "old")
+        seed_set(client, old)
+        record = opened(client, bitmap_params(set_max_fingerprints=100, chunk_size=64))
+        assert record.switch_if_due() == (MODE_MIGRATING, True)
+        new = fps(100, "new")
+        assert record.add(new) == [True] * 100
+        assert client.scard(KEYS.seen) == 500, "new fingerprints go to the filter only"
+        mode, chunks = MODE_MIGRATING, 0
+        while mode == MODE_MIGRATING:
+            mode, moved, _remaining = record.migrate_chunk()
+            chunks += 1
+            assert moved <= 64
+            assert record.add(old[::7] + new[::7]) == [False] * len(old[::7] + new[::7])
+        assert chunks == 8
+        assert not client.exists(KEYS.seen), "the SET is freed"
+        assert record.state().mode == MODE_BLOOM
+        assert record.add(old + new) == [False] * 600
+
+    def test_concurrent_runners_move_each_fingerprint_once(
+        self, backend: str, make_client: Callable[[], redis.Redis]
+    ) -> None:
+        first_client = make_client()
+        seed_set(first_client, fps(500))
+        params = bitmap_params(set_max_fingerprints=100, chunk_size=30)
+        runners = [opened(first_client, params), opened(make_client(), params)]
+        assert [r.switch_if_due()[1] for r in runners] == [True, False]
+        moved, turn = 0, 0
+        while runners[0].state().mode == MODE_MIGRATING:
+            moved += runners[turn % 2].migrate_chunk()[1]
+            turn += 1
+        assert moved == 500
+        assert runners[1].state().filter_count == 500
+
+    def test_chunks_in_any_other_mode_change_nothing(
+        self, backend: str, client: redis.Redis
+    ) -> None:
+        seed_set(client, fps(10))
+        record = opened(client, bitmap_params(set_max_fingerprints=100))
+        assert record.migrate_chunk() == (MODE_SET, 0, 10)
+        assert client.scard(KEYS.seen) == 10
+
+    def test_empty_set_switches_straight_to_bloom(self, backend: str, client: redis.Redis) -> None:
+        record = opened(client, bitmap_params())
+        step = record.maintain()
+        assert (step.mode, step.switched, step.finished) == (MODE_BLOOM, True, True)
+        assert not step.more
+
+    def test_maintain_moves_at_least_a_chunk_and_says_more_is_left(
+        self, backend: str, client: redis.Redis
+    ) -> None:
+        seed_set(client, fps(300))
+        record = opened(client, bitmap_params(set_max_fingerprints=1, chunk_size=50))
+        step = record.maintain(budget_seconds=0)
+        assert (step.mode, step.switched, step.moved, step.more) == (MODE_MIGRATING, True, 50, True)
+        while record.maintain().more:
+            pass
+        assert record.state().filter_count == 300
+
+    def test_a_worker_that_never_switches_still_helps(
+        self, backend: str, client: redis.Redis
+    ) -> None:
+        seed_set(client, fps(200))
+        never = opened(client, bitmap_params(set_max_fingerprints=1, backend="none"))
+        assert never.maintain().mode == MODE_SET
+        opened(client, bitmap_params(set_max_fingerprints=1)).switch_if_due()
+        step = never.maintain(budget_seconds=10)
+        assert (step.mode, step.moved, step.finished) == (MODE_BLOOM, 200, True)
+
+    def test_switch_refuses_a_foreign_bloom_key(self, backend: str, client: redis.Redis) -> None:
+        record = opened(client, bitmap_params())
+        client.set(KEYS.bloom, b"someone else's")
+        with pytest.raises(redis.ResponseError, match=_escaped(KEYS.bloom)):
+            record.switch_if_due()
+        assert client.get(KEYS.bloom) == b"someone else's"
+
+
+def test_redisbloom_switch_and_migration_on_fakeredis() -> None:
+    client = fakeredis.FakeRedis()
+    old = fps(300, "old")
+    seed_set(client, old)
+    record = opened(client, bitmap_params(set_max_fingerprints=100, backend="auto"))
+    assert record.impl == "redisbloom"
+    assert record.switch_if_due() == (MODE_MIGRATING, True)
+    assert client.type(KEYS.bloom) == b"MBbloom--"
+    while record.maintain().more:
+        pass
+    assert not client.exists(KEYS.seen)
+    assert record.add(old) == [False] * 300
+    assert record.add(fps(10, "new")) == [True] * 10
+
+
+# -- backend detection ----------------------------------------------------------------
+
+
+def test_auto_picks_redisbloom_where_the_server_has_it() -> None:
+    record = opened(fakeredis.FakeRedis(), bitmap_params(backend="auto"))
+    assert record.impl == "redisbloom"
+
+
+def test_auto_picks_the_bitmap_on_plain_redis(real_redis: redis.Redis) -> None:
+    assert not bloom.has_redisbloom(real_redis, KEYS.bloom)
+    assert opened(real_redis, bitmap_params(backend="auto")).impl == "bitmap"
+
+
+def test_redisbloom_required_but_missing_is_a_clear_error(real_redis: redis.Redis) -> None:
+    with pytest.raises(DedupConfigError, match="no BF"):
+        opened(real_redis, bitmap_params(backend="redisbloom"))
+
+
+def test_detection_sees_the_module_through_a_bitmap_key() -> None:
+    client = fakeredis.FakeRedis()
+    client.set(KEYS.bloom, b"\0")
+    assert bloom.has_redisbloom(client, KEYS.bloom)
+
+
+# -- bad input: a clear error at open, naming the key --------------------------------------
+
+
+def _bitmap_record(client: redis.Redis) -> None:
+    opened(client, bitmap_params()).maintain()
+
+
+@pytest.mark.parametrize("backend", ["fakeredis", "redis"])
+class TestCorruptKeys:
+    @pytest.mark.parametrize("name", ["seen", "dedup"])
+    def test_wrong_type(self, backend: str, client: redis.Redis, name: str) -> None:
+        key = getattr(KEYS, name)
+        client.set(key, b"oops")
+        with pytest.raises(CorruptKeyError, match=_escaped(key) + ".*holds a string"):
+            Dedup(client, KEYS, bitmap_params()).open()
+
+    def test_bloom_key_in_set_mode(self, backend: str, client: redis.Redis) -> None:
+        client.set(KEYS.bloom, b"oops")
+        with pytest.raises(CorruptKeyError, match=_escaped(KEYS.bloom)):
+            Dedup(client, KEYS, bitmap_params()).open()
+
+    @pytest.mark.parametrize(
+        ("field", "value", "problem"),
+        [
+            ("mode", "maybe", "unknown dedup mode"),
+            ("impl", "cuckoo", "unknown filter implementation"),
+            ("layer:1", "1 2 x", "bad Bloom filter parameters"),
+            ("layers", "99", "bad layer count"),
+            ("block_bytes", "32", "bad Bloom filter parameters"),
+        ],
+    )
+    def test_bad_parameters(
+        self, backend: str, client: redis.Redis, field: str, value: str, problem: str
+    ) -> None:
+        _bitmap_record(client)
+        client.hset(KEYS.dedup, field, value)
+        with pytest.raises(CorruptKeyError, match=_escaped(KEYS.dedup) + ".*" + problem):
+            Dedup(client, KEYS, bitmap_params()).open()
+
+    def test_truncated_bitmap(self, backend: str, client: redis.Redis) -> None:
+        _bitmap_record(client)
+        client.set(KEYS.bloom, b"short")
+        with pytest.raises(CorruptKeyError, match=_escaped(KEYS.bloom) + ".*5 bytes"):
+            Dedup(client, KEYS, bitmap_params()).open()
+
+    def test_redisbloom_record_without_its_filter(self, backend: str, client: redis.Redis) -> None:
+        client.hset(KEYS.dedup, mapping={"mode": "bloom", "impl": "redisbloom"})
+        client.set(KEYS.bloom, b"oops")
+        with pytest.raises(CorruptKeyError, match=_escaped(KEYS.bloom) + ".*RedisBloom"):
+            Dedup(client, KEYS, bitmap_params()).open()
+
+    def test_corruption_after_open_fails_the_script_before_it_writes(
+        self, backend: str, client: redis.Redis
+    ) -> None:
+        _bitmap_record(client)
+        frontier = Frontier(client, KEYS, "w1")
+        client.hset(KEYS.dedup, "mode", "maybe")
+        with pytest.raises(redis.ResponseError, match=_escaped(KEYS.dedup)):
+            frontier.enqueue([NewRequest(b"a", fps(1)[0])])
+        assert not client.exists(KEYS.queue, KEYS.seq, KEYS.stats)
+
+    def test_bitmap_cut_short_after_open_names_the_bitmap(
+        self, backend: str, client: redis.Redis
+    ) -> None:
+        record = opened(client, bitmap_params())
+        record.maintain()
+        client.set(KEYS.bloom, b"short")
+        with pytest.raises(redis.ResponseError, match=_escaped(KEYS.bloom)):
+            record.add(fps(1))

@@ -1,0 +1,1115 @@
+"""Fleet-wide per-host politeness: lanes, slots, rests, backlog caps, and their adapters.
+
+The frontier tests run on fakeredis and on the real redis-server (``client``). A lane
+is a politeness unit (host or registered domain); with concurrency C at most C of its
+requests are in flight fleet-wide, and after each ack the lane rests ``rest_ms``.
+Rests are checked with long values (a minute) against the server clock, and with short
+ones (a few hundred ms) where the lane must become leasable again.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import hashlib
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import fakeredis
+import pytest
+from scrapy import Request, Spider
+from scrapy.http import Response
+from scrapy.settings import Settings
+from scrapy.statscollectors import MemoryStatsCollector
+from scrapy.utils.request import RequestFingerprinter
+from scrapy.utils.test import get_crawler
+
+import scrapy_redisspine.worker
+from scrapy_redisspine.dupefilter import RedisDupeFilter
+from scrapy_redisspine.frontier import Frontier, NewRequest, split_member
+from scrapy_redisspine.keys import CrawlKeys
+from scrapy_redisspine.middleware import Politeness, parse_retry_after
+from scrapy_redisspine.politeness import DelayPolicy, make_lane_function
+from scrapy_redisspine.scheduler import Scheduler
+from scrapy_redisspine.settings import ConfigError, load_config
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    import redis
+
+    from tests.unit.conftest import FrontierFactory
+
+TIMEOUT_MS = 30_000
+REST_MS = 60_000  # a rest no test outlives
+KEYS = CrawlKeys("redisspine", "test")
+
+
+def _new(payload: bytes, lane: str, priority: int = 0, **kwargs: Any) -> NewRequest:
+    """A request whose fingerprint is a digest, as Scrapy's are (dedup keeps 14 bytes)."""
+    fingerprint = hashlib.sha1(payload).digest()
+    return NewRequest(payload, fingerprint, priority=priority, lane=lane, **kwargs)
+
+
+def _lane_requests(lane: str, count: int, prefix: str | None = None) -> list[NewRequest]:
+    return [_new(f"{prefix or lane}-{i}".encode(), lane) for i in range(count)]
+
+
+def _server_ms(client: redis.Redis) -> int:
+    seconds, micros = client.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def _lanes(frontier: Frontier, count: int = 100) -> list[str]:
+    return [lease.lane for lease in frontier.lease(count).leases]
+
+
+def _hash(client: redis.Redis, key: str) -> dict[str, int]:
+    return {name.decode(): int(float(value)) for name, value in client.hgetall(key).items()}
+
+
+def _silence(client: redis.Redis, worker_id: str) -> None:
+    client.zadd(KEYS.workers, {worker_id: _server_ms(client) - 10 * TIMEOUT_MS})
+
+
+def _assert_lane_bookkeeping(client: redis.Redis, keys: CrawlKeys, concurrency: int) -> None:
+    """backlog, busy and hosts agree with what the queue and in-flight really hold."""
+    queued = Counter(split_member(member)[0] for member in client.zrange(keys.queue, 0, -1))
+    held = Counter(
+        split_member(entry.split(b"\n", 2)[2])[0] for entry in client.hvals(keys.inflight)
+    )
+    assert _hash(client, keys.backlog) == dict(queued)
+    assert _hash(client, keys.busy) == dict(held)
+    next_at = _hash(client, keys.host_next)
+    assert {
+        lane.decode(): score for lane, score in client.zrange(keys.hosts, 0, -1, withscores=True)
+    } == {lane: next_at.get(lane, 0) for lane in queued if held[lane] < concurrency}
+
+
+# -- one lane, many workers: the slots ----------------------------------------------------
+
+
+class TestSlots:
+    def test_concurrency_one_gives_one_lease_per_lane_across_workers(
+        self, make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        w1, w2, w3 = make_frontier("w1"), make_frontier("w2"), make_frontier("w3")
+        w1.enqueue(_lane_requests("a.example", 5) + _lane_requests("b.example", 1))
+        batch = w1.lease(10)
+        assert sorted(lease.lane for lease in batch.leases) == ["a.example", "b.example"]
+        assert w2.lease(10).leases == [], "both lanes hold their one slot"
+        assert w3.lease(10).leases == []
+        assert _hash(client, crawl_keys.busy) == {"a.example": 1, "b.example": 1}
+        assert _hash(client, crawl_keys.backlog) == {"a.example": 4}
+        assert client.zcard(crawl_keys.hosts) == 0, "no lane has a free slot"
+
+        (a_lease,) = [lease for lease in batch.leases if lease.lane == "a.example"]
+        assert w1.ack([a_lease.handle]) == 1
+        assert _lanes(w2) == ["a.example"]
+        assert w3.lease(10).leases == []
+
+    def test_concurrency_two_allows_exactly_two(
+        self, make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        w1 = make_frontier("w1", concurrency=2)
+        w2 = make_frontier("w2", concurrency=2)
+        w1.enqueue(_lane_requests("a.example", 5))
+        first = w1.lease(1).leases
+        second = w2.lease(10).leases
+        assert len(first) == len(second) == 1
+        assert w1.lease(10).leases == []
+        assert w2.lease(10).leases == []
+        assert _hash(client, crawl_keys.busy) == {"a.example": 2}
+        assert w2.ack([second[0].handle]) == 1
+        assert len(w1.lease(10).leases) == 1, "one slot freed, one more lease"
+        assert w2.lease(10).leases == []
+
+    def test_one_lease_call_fills_every_free_slot_of_a_lane(
+        self, make_frontier: FrontierFactory
+    ) -> None:
+        frontier = make_frontier(concurrency=3)
+        frontier.enqueue(_lane_requests("a.example", 5))
+        assert [lease.payload for lease in frontier.lease(10).leases] == [
+            b"a.example-0", b"a.example-1", b"a.example-2",
+        ]
+
+    def test_lease_count_bounds_the_slots_taken(self, make_frontier: FrontierFactory) -> None:
+        frontier = make_frontier(concurrency=3)
+        frontier.enqueue(_lane_requests("a.example", 5))
+        assert len(frontier.lease(2).leases) == 2
+        assert len(frontier.lease(2).leases) == 1, "the third slot"
+        assert frontier.lease(2).leases == []
+
+    def test_release_frees_the_slot_without_rest(
+        self, make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        w1, w2 = make_frontier("w1"), make_frontier("w2")
+        w1.enqueue(_lane_requests("a.example", 2))
+        (lease,) = w1.lease(10).leases
+        assert w1.release([lease.handle]) == 1
+        assert not client.exists(crawl_keys.busy)
+        assert not client.exists(crawl_keys.host_next), "nothing was fetched: no rest"
+        (again,) = w2.lease(10).leases
+        assert (again.key, again.payload) == (lease.key, lease.payload)
+
+    def test_release_keeps_an_earlier_rest(
+        self, make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        # A rest from the previous fetch still holds after an unstarted lease returns.
+        frontier = make_frontier(concurrency=2)
+        frontier.enqueue(_lane_requests("a.example", 3))
+        fetched, unstarted = frontier.lease(10).leases
+        assert frontier.ack([(fetched.key, fetched.token, REST_MS)]) == 1
+        assert frontier.release([unstarted.handle]) == 1
+        assert frontier.lease(10).leases == []
+
+    def test_bury_frees_the_slot_without_rest(
+        self, make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        frontier = make_frontier()
+        frontier.enqueue(_lane_requests("a.example", 2))
+        (lease,) = frontier.lease(10).leases
+        assert frontier.bury(lease.handle, "undecodable")
+        assert not client.exists(crawl_keys.busy)
+        assert [lease.payload for lease in frontier.lease(10).leases] == [b"a.example-1"]
+
+    def test_release_orphans_frees_the_slots(
+        self, make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        frontier = make_frontier()
+        frontier.enqueue(_lane_requests("a.example", 1) + _lane_requests("b.example", 1))
+        assert len(frontier.lease(10).leases) == 2  # ... and the reply was lost
+        assert frontier.release_orphans([]) == 2
+        assert not client.exists(crawl_keys.busy)
+        assert _hash(client, crawl_keys.backlog) == {"a.example": 1, "b.example": 1}
+        assert sorted(_lanes(frontier)) == ["a.example", "b.example"]
+
+    def test_empty_lane_is_a_lane_like_any_other(
+        self, make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        w1, w2 = make_frontier("w1"), make_frontier("w2")
+        w1.enqueue(_lane_requests("", 2, prefix="data"))
+        assert client.zrange(crawl_keys.hosts, 0, -1) == [b""]
+        (lease,) = w1.lease(10).leases
+        assert lease.lane == ""
+        assert w2.lease(10).leases == []
+        assert _hash(client, crawl_keys.busy) == {"": 1}
+        assert _hash(client, crawl_keys.backlog) == {"": 1}
+        assert w1.ack([lease.handle]) == 1
+        (second,) = w2.lease(10).leases
+        assert (second.lane, second.payload) == ("", b"data-1")
+        assert w2.ack([second.handle]) == 1
+        assert not client.exists(crawl_keys.busy)
+        assert not client.exists(crawl_keys.backlog)
+        assert not client.exists(crawl_keys.hosts)
+
+
+def test_many_workers_never_hold_two_leases_of_one_lane(
+    make_client: Callable[[], redis.Redis], crawl_keys: CrawlKeys
+) -> None:
+    lanes = [f"host-{i}.example" for i in range(4)]
+    seeder = Frontier(make_client(), crawl_keys, "seeder")
+    seeder.enqueue([r for lane in lanes for r in _lane_requests(lane, 15)])
+    guard = threading.Lock()
+    in_flight: Counter[str] = Counter()
+    peak: Counter[str] = Counter()
+    fetched: list[bytes] = []
+    errors: list[BaseException] = []
+
+    deadline = time.monotonic() + 30
+
+    def work(worker_id: str) -> None:
+        client = make_client()
+        frontier = Frontier(client, crawl_keys, worker_id)
+        try:
+            while time.monotonic() < deadline:
+                leases = frontier.lease(3).leases
+                if not leases:
+                    if frontier.counts() == (0, 0):
+                        return
+                    time.sleep(0.001)
+                    continue
+                with guard:
+                    for lease in leases:
+                        in_flight[lease.lane] += 1
+                        peak[lease.lane] = max(peak[lease.lane], in_flight[lease.lane])
+                        fetched.append(lease.payload)
+                time.sleep(0.001)  # the "download"
+                with guard:
+                    for lease in leases:
+                        in_flight[lease.lane] -= 1
+                assert frontier.ack([lease.handle for lease in leases]) == len(leases)
+        except BaseException as exc:  # reported by the main thread
+            errors.append(exc)
+        finally:
+            client.close()
+
+    threads = [threading.Thread(target=work, args=(f"w{i}",)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not errors, errors
+    assert sorted(fetched) == sorted(f"{lane}-{i}".encode() for lane in lanes for i in range(15))
+    assert set(peak.values()) == {1}, f"a lane had two requests in flight: {peak}"
+    assert seeder.counts() == (0, 0)
+
+
+# -- rests ----------------------------------------------------------------------------------
+
+
+class TestRest:
+    def test_acked_lane_rests_while_others_are_served(
+        self, make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        frontier = make_frontier()
+        frontier.enqueue(_lane_requests("a.example", 2) + _lane_requests("b.example", 2))
+        leases = {lease.lane: lease for lease in frontier.lease(10).leases}
+        a, b = leases["a.example"], leases["b.example"]
+        before = _server_ms(client)
+        assert frontier.ack([(a.key, a.token, REST_MS), (b.key, b.token, 0)]) == 2
+        after = _server_ms(client)
+
+        next_at = int(client.hget(crawl_keys.host_next, "a.example"))
+        assert before + REST_MS <= next_at <= after + REST_MS
+        assert client.zscore(crawl_keys.hosts, "a.example") == next_at
+        batch = frontier.lease(10)
+        assert [lease.payload for lease in batch.leases] == [b"b.example-1"]
+        assert REST_MS - 5_000 <= batch.wait_ms <= REST_MS, "until a.example is due"
+        assert make_frontier("w2").lease(10).leases == [], "the rest is fleet-wide"
+
+    def test_rested_lane_is_leasable_once_the_rest_is_over(
+        self, make_frontier: FrontierFactory
+    ) -> None:
+        frontier = make_frontier()
+        frontier.enqueue(_lane_requests("a.example", 2))
+        (lease,) = frontier.lease(10).leases
+        assert frontier.ack([(lease.key, lease.token, 300)]) == 1
+        batch = frontier.lease(10)
+        assert batch.leases == []
+        assert 0 < batch.wait_ms <= 300
+        time.sleep(batch.wait_ms / 1000 + 0.05)
+        assert [lease.payload for lease in frontier.lease(10).leases] == [b"a.example-1"]
+
+    def test_ack_without_a_rest_leaves_the_lane_due_at_once(
+        self, make_frontier: FrontierFactory
+    ) -> None:
+        frontier = make_frontier()
+        frontier.enqueue(_lane_requests("a.example", 2))
+        (lease,) = frontier.lease(10).leases
+        assert frontier.ack([lease.handle]) == 1
+        assert len(frontier.lease(10).leases) == 1
+
+    def test_a_shorter_rest_never_cuts_a_longer_one(
+        self, make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        # e.g. a Retry-After block from one fetch, then a plain delay from another
+        frontier = make_frontier(concurrency=2)
+        frontier.enqueue(_lane_requests("a.example", 3))
+        blocked, plain = frontier.lease(10).leases
+        assert frontier.ack([(blocked.key, blocked.token, REST_MS)]) == 1
+        blocked_until = int(client.hget(crawl_keys.host_next, "a.example"))
+        assert frontier.ack([(plain.key, plain.token, 10)]) == 1
+        assert int(client.hget(crawl_keys.host_next, "a.example")) == blocked_until
+        assert frontier.lease(10).leases == []
+
+    def test_lanes_are_served_oldest_due_first(self, make_frontier: FrontierFactory) -> None:
+        frontier = make_frontier()
+        frontier.enqueue(_lane_requests("a.example", 2) + _lane_requests("z.example", 2))
+        leases = {lease.lane: lease for lease in frontier.lease(10).leases}
+        a, z = leases["a.example"], leases["z.example"]
+        assert frontier.ack([(z.key, z.token, 0)]) == 1
+        assert frontier.ack([(a.key, a.token, 100)]) == 1
+        time.sleep(0.2)  # both due now; z.example has waited longer
+        assert _lanes(frontier, 1) == ["z.example"]
+        assert _lanes(frontier, 1) == ["a.example"]
+
+    def test_wait_ms_says_none_is_scheduled(self, frontier: Frontier) -> None:
+        assert frontier.lease(10).wait_ms == -1
+        frontier.enqueue(_lane_requests("a.example", 1))
+        batch = frontier.lease(10)
+        assert len(batch.leases) == 1
+        assert batch.wait_ms == -1, "the only lane is busy: nothing is scheduled"
+
+    def test_wait_ms_is_zero_when_a_due_lane_was_left_over(
+        self, make_frontier: FrontierFactory
+    ) -> None:
+        frontier = make_frontier()
+        frontier.enqueue(_lane_requests("a.example", 1) + _lane_requests("b.example", 1))
+        batch = frontier.lease(1)
+        assert len(batch.leases) == 1
+        assert batch.wait_ms == 0
+
+
+class TestRoundRobin:
+    def test_a_huge_lane_does_not_starve_small_ones(
+        self, make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        frontier = make_frontier()
+        frontier.enqueue(_lane_requests("a-huge.example", 1000))
+        frontier.enqueue(
+            _lane_requests("b.example", 1) + _lane_requests("c.example", 1)
+            + _lane_requests("d.example", 1)
+        )
+        assert _hash(client, crawl_keys.backlog)["a-huge.example"] == 1000
+        assert sorted(_lanes(frontier, 4)) == [
+            "a-huge.example", "b.example", "c.example", "d.example",
+        ]
+
+    def test_a_lane_with_free_slots_takes_them_all_in_its_turn(
+        self, make_frontier: FrontierFactory
+    ) -> None:
+        # "one per free slot of each due lane": concurrency 2 gives the huge lane two
+        frontier = make_frontier(concurrency=2)
+        frontier.enqueue(_lane_requests("a-huge.example", 100) + _lane_requests("b.example", 1))
+        assert Counter(_lanes(frontier, 10)) == {"a-huge.example": 2, "b.example": 1}
+
+
+# -- crash recovery -------------------------------------------------------------------------
+
+
+class TestRequeueStale:
+    def test_frees_the_dead_workers_slots_and_rests_the_lanes(
+        self, make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        dead, live = make_frontier("dead"), make_frontier("live")
+        dead.enqueue(_lane_requests("a.example", 2) + _lane_requests("b.example", 2))
+        held = dead.lease(10).leases
+        assert len(held) == 2
+        assert live.lease(10).leases == []
+        _silence(client, "dead")
+        before = _server_ms(client)
+        result = live.requeue_stale(
+            timeout_ms=TIMEOUT_MS, ceiling_ms=0, max_requeues=3, rest_ms=REST_MS
+        )
+        assert (result.requeued, result.workers_removed) == (2, 1)
+        assert not client.exists(crawl_keys.busy)
+        assert _hash(client, crawl_keys.backlog) == {"a.example": 2, "b.example": 2}
+        for lane in ("a.example", "b.example"):
+            score = client.zscore(crawl_keys.hosts, lane)
+            assert score is not None
+            assert score >= before + REST_MS, "the dead worker may have been fetching"
+        batch = live.lease(10)
+        assert batch.leases == []
+        assert REST_MS - 5_000 <= batch.wait_ms <= REST_MS
+
+    def test_without_rest_the_requeued_requests_are_leased_at_once(
+        self, make_frontier: FrontierFactory, client: redis.Redis
+    ) -> None:
+        dead, live = make_frontier("dead"), make_frontier("live")
+        dead.enqueue(_lane_requests("a.example", 2) + _lane_requests("b.example", 2))
+        held = {lease.key for lease in dead.lease(10).leases}
+        _silence(client, "dead")
+        assert live.requeue_stale(
+            timeout_ms=TIMEOUT_MS, ceiling_ms=0, max_requeues=3
+        ).requeued == 2
+        assert {lease.key for lease in live.lease(10).leases} == held
+
+    def test_dead_lettering_frees_the_slot(
+        self, make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        dead, live = make_frontier("dead"), make_frontier("live")
+        dead.enqueue(_lane_requests("a.example", 2))
+        dead.lease(10)
+        _silence(client, "dead")
+        result = live.requeue_stale(timeout_ms=TIMEOUT_MS, ceiling_ms=0, max_requeues=0)
+        assert (result.requeued, result.dead_lettered) == (0, 1)
+        assert not client.exists(crawl_keys.busy)
+        assert [lease.payload for lease in live.lease(10).leases] == [b"a.example-1"]
+
+    def test_reinjected_dead_letter_is_scheduled_in_its_lane(
+        self, make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        frontier = make_frontier()
+        frontier.enqueue(_lane_requests("a.example", 1))
+        (lease,) = frontier.lease(10).leases
+        assert frontier.bury(lease.handle, "bad")
+        assert not client.exists(crawl_keys.hosts)
+        assert frontier.reinject_dead([lease.key]) == 1
+        assert _hash(client, crawl_keys.backlog) == {"a.example": 1}
+        (again,) = frontier.lease(10).leases
+        assert (again.key, again.lane) == (lease.key, "a.example")
+
+
+# -- backlog cap ----------------------------------------------------------------------------
+
+
+class TestBacklogCap:
+    def test_requests_past_the_cap_are_dropped_even_within_one_batch(
+        self, make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        frontier = make_frontier(backlog_cap=2)
+        result = frontier.enqueue(
+            _lane_requests("a.example", 3) + _lane_requests("b.example", 1)
+        )
+        assert result.statuses == "++c+"
+        assert result.enqueued == 3
+        assert _hash(client, crawl_keys.backlog) == {"a.example": 2, "b.example": 1}
+        assert frontier.counts() == (3, 0)
+        stats = _hash(client, crawl_keys.stats)
+        assert (stats["enqueued"], stats["filtered"]) == (3, 1)
+        assert frontier.enqueue(_lane_requests("a.example", 1, prefix="late")).statuses == "c"
+
+    def test_a_capped_request_is_not_recorded_as_seen(
+        self, make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        frontier = make_frontier(backlog_cap=1)
+        first, capped = _lane_requests("a.example", 2)
+        start = _new(b"start", "a.example", is_start=True, dont_filter=True)
+        assert frontier.enqueue([first, capped, start]).statuses == "+cc"
+        assert client.scard(crawl_keys.seen) == 1
+        assert not client.exists(crawl_keys.starts)
+        (lease,) = frontier.lease(10).leases  # the lane's backlog is free again
+        assert frontier.enqueue([capped], [lease.handle]).statuses == "+", (
+            "not a duplicate: it was never queued"
+        )
+        assert client.scard(crawl_keys.seen) == 2
+        frontier.lease(10)
+        assert frontier.enqueue([capped, start]).statuses == "d+"
+
+    def test_in_flight_requests_do_not_count_against_the_cap(
+        self, make_frontier: FrontierFactory
+    ) -> None:
+        frontier = make_frontier(backlog_cap=1)
+        frontier.enqueue(_lane_requests("a.example", 1))
+        assert len(frontier.lease(10).leases) == 1
+        assert frontier.enqueue(_lane_requests("a.example", 2, prefix="more")).statuses == "+c"
+
+    def test_no_cap_by_default(self, frontier: Frontier) -> None:
+        assert frontier.enqueue(_lane_requests("a.example", 50)).enqueued == 50
+
+
+# -- bad data ---------------------------------------------------------------------------------
+
+
+class TestRepair:
+    def test_garbage_without_a_lane_is_dead_lettered_and_does_not_stall(
+        self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        client.zadd(crawl_keys.queue, {b"garbage without a lane": 0, b"\xff\xfe": 0})
+        frontier.enqueue(_lane_requests("a.example", 1))
+        leased: list[bytes] = []
+        malformed = 0
+        for _ in range(3):
+            batch = frontier.lease(10)
+            malformed += batch.malformed
+            leased += [lease.payload for lease in batch.leases]
+            frontier.ack([lease.handle for lease in batch.leases])
+        assert leased == [b"a.example-0"]
+        assert malformed == 2
+        assert frontier.counts() == (0, 0)
+        assert {letter.reason for letter in frontier.dead_letters()} == {"malformed queue member"}
+
+    def test_lane_counts_lost_are_rebuilt(
+        self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        frontier.enqueue(_lane_requests("a.example", 2) + _lane_requests("b.example", 1))
+        client.delete(crawl_keys.hosts, crawl_keys.backlog)
+        assert frontier.lease(10).leases == []  # repaired here ...
+        assert sorted(_lanes(frontier)) == ["a.example", "b.example"]  # ... served here
+        assert _hash(client, crawl_keys.backlog) == {"a.example": 1}
+
+    def test_garbage_in_a_lanes_range_does_not_strand_the_lane(
+        self, make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        # A foreign member sorting first in lane a.example's range, while another
+        # worker holds a lease of lane b.example (so the idle-crawl repair cannot run).
+        w1, w2 = make_frontier("w1"), make_frontier("w2")
+        w1.enqueue(_lane_requests("b.example", 1))
+        (held,) = w2.lease(10).leases
+        w1.enqueue(_lane_requests("a.example", 2))
+        client.zadd(crawl_keys.queue, {b"a.example\x00\x00 foreign": 0})
+        leased: list[bytes] = []
+        for _ in range(4):
+            batch = w1.lease(10)
+            leased += [lease.payload for lease in batch.leases]
+            w1.ack([lease.handle for lease in batch.leases])
+        assert client.hlen(crawl_keys.dead) == 1
+        assert leased == [b"a.example-0", b"a.example-1"], (
+            "a.example's second request stranded: its backlog count was decremented for "
+            "the foreign member, which was never counted"
+        )
+        assert w2.ack([held.handle]) == 1
+
+    def test_member_with_a_non_zero_score_does_not_stall_the_fleet(
+        self, make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        # Lex ranges assume every member of the queue has score 0. One foreign member
+        # with a negative score empties every lane's range; a lane found empty loses its
+        # schedule, and while anything is in flight the repair cannot run.
+        w1, w2 = make_frontier("w1"), make_frontier("w2")
+        w1.enqueue(_lane_requests("a.example", 1) + _lane_requests("b.example", 1))
+        (held,) = w2.lease(1).leases
+        client.zadd(crawl_keys.queue, {b"foreign": -1})
+        batches = [w1.lease(10) for _ in range(3)]
+        leased = [lease.payload for batch in batches for lease in batch.leases]
+        assert len(leased) == 1, (
+            "the other lane's request was never leased: its range looked empty, so the "
+            "lane lost its schedule"
+        )
+        assert sum(batch.malformed for batch in batches) == 1
+        assert w2.ack([held.handle]) == 1
+
+
+# -- priority within a lane, and a whole crawl ------------------------------------------------
+
+
+def test_priority_is_honoured_within_a_lane(frontier: Frontier) -> None:
+    frontier.enqueue(
+        [
+            _new(b"low", "a.example", -5),
+            _new(b"high", "a.example", 7),
+            _new(b"mid", "a.example", 0),
+            _new(b"other", "b.example", 100),
+        ]
+    )
+    order: list[bytes] = []
+    while leases := frontier.lease(10).leases:
+        order += [lease.payload for lease in leases if lease.lane == "a.example"]
+        frontier.ack([lease.handle for lease in leases])
+    assert order == [b"high", b"mid", b"low"]
+
+
+def test_lane_bookkeeping_is_empty_after_a_whole_crawl(
+    make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys
+) -> None:
+    lanes = ["", "a.example", "b.example", "c.example"]
+    w1, w2 = make_frontier("w1", concurrency=2), make_frontier("w2", concurrency=2)
+
+    def check() -> None:
+        _assert_lane_bookkeeping(client, crawl_keys, 2)
+
+    w1.enqueue([_new(f"seed-{lane}".encode(), lane, priority=3) for lane in lanes])
+    check()
+    # paths that put requests back: release, bury + reinject, a sweep, lost replies
+    first = w1.lease(2).leases
+    check()
+    assert w1.release([lease.handle for lease in first]) == 2
+    check()
+    (buried,) = w1.lease(1).leases
+    assert w1.bury(buried.handle, "bad")
+    check()
+    assert w1.reinject_dead([buried.key]) == 1
+    check()
+    w2.lease(3)
+    _silence(client, "w2")
+    assert w1.requeue_stale(
+        timeout_ms=TIMEOUT_MS, ceiling_ms=0, max_requeues=3, rest_ms=1
+    ).requeued == 3
+    check()
+    w1.lease(2)
+    assert w1.release_orphans([]) == 2
+    check()
+
+    fetched = 0
+    workers = [w1, w2]
+    for turn in range(200):
+        frontier = workers[turn % 2]
+        leases = frontier.lease(3).leases
+        if not leases and frontier.counts() == (0, 0):
+            break
+        children = [
+            _new(f"{lease.payload.decode()}/{i}".encode(), lanes[(fetched + i) % 4])
+            for lease in leases
+            for i in range(2)
+            if lease.payload.count(b"/") < 2
+        ]
+        check()
+        acks = [(lease.key, lease.token, 0) for lease in leases]
+        assert frontier.enqueue(children, acks).acked == len(leases)
+        check()
+        fetched += len(leases)
+    assert fetched == 4 * (1 + 2 + 4)
+    for key in (crawl_keys.busy, crawl_keys.backlog, crawl_keys.hosts, crawl_keys.queue,
+                crawl_keys.inflight, crawl_keys.leases, crawl_keys.owned):
+        assert not client.exists(key), key
+    assert set(_hash(client, crawl_keys.host_next)) == set(lanes), "kept for the whole crawl"
+
+
+# -- DelayPolicy ----------------------------------------------------------------------------
+
+
+class TestDelayPolicy:
+    def test_default_and_overrides(self) -> None:
+        policy = DelayPolicy(1.5, {"slow.example": 5.0, "fast.example": 0.0}, jitter=0)
+        assert policy.next_delay_ms("any.example") == 1_500
+        assert policy.next_delay_ms("slow.example") == 5_000
+        assert policy.next_delay_ms("fast.example") == 0
+
+    def test_learned_crawl_delay_is_capped_and_only_raises_the_delay(self) -> None:
+        policy = DelayPolicy(2.0, {"slow.example": 9.0}, jitter=0, max_crawl_delay_seconds=10)
+        assert not policy.knows("a.example")
+        assert policy.learn("a.example", 3600) == 10.0
+        assert policy.knows("a.example")
+        assert policy.next_delay_ms("a.example") == 10_000
+        assert policy.learn("b.example", 0.5) == 0.5
+        assert policy.next_delay_ms("b.example") == 2_000, "never below DOWNLOAD_DELAY"
+        assert policy.learn("slow.example", 4) == 4
+        assert policy.next_delay_ms("slow.example") == 9_000
+        assert policy.learn("c.example", -1) == 0.0
+        assert policy.next_delay_ms("other.example") == 2_000
+
+    def test_jitter_spreads_over_one_to_one_and_a_half_times(self) -> None:
+        draws = iter([0.0, 0.5, 0.999999])
+        policy = DelayPolicy(2.0, jitter=0.5, rng=lambda: next(draws))
+        assert [policy.next_delay_ms("a.example") for _ in range(3)] == [2_000, 2_500, 2_999]
+
+    def test_random_delays_never_fall_below_the_delay(self) -> None:
+        policy = DelayPolicy(1.0)
+        delays = [policy.next_delay_ms("a.example") for _ in range(200)]
+        assert all(1_000 <= delay <= 1_500 for delay in delays)
+        assert len(set(delays)) > 1, "randomized by default"
+
+    def test_no_jitter_without_a_delay(self) -> None:
+        policy = DelayPolicy(0.0, rng=lambda: pytest.fail("no draw without a delay"))
+        assert policy.next_delay_ms("a.example") == 0
+
+    def test_no_host_lane_is_never_delayed(self) -> None:
+        policy = DelayPolicy(5.0, {"": 3.0}, rng=lambda: 1.0)
+        policy.learn("", 30)
+        assert policy.base_seconds("") == 0.0
+        assert policy.next_delay_ms("") == 0
+
+
+# -- lanes ------------------------------------------------------------------------------------
+
+
+class TestLaneFunction:
+    @pytest.mark.parametrize(
+        ("url", "host", "domain"),
+        [
+            ("http://a.example.co.uk/x", "a.example.co.uk", "example.co.uk"),
+            ("https://B.Example.CO.UK:8443/y?q=1", "b.example.co.uk", "example.co.uk"),
+            ("http://example.com/", "example.com", "example.com"),
+            ("http://deep.sub.example.com/", "deep.sub.example.com", "example.com"),
+            ("http://192.168.0.10:8080/", "192.168.0.10", "192.168.0.10"),
+            ("http://[2001:db8::1]/", "2001:db8::1", "2001:db8::1"),
+            ("http://localhost:5000/", "localhost", "localhost"),
+            ("data:text/plain,hello", "", ""),
+            ("file:///etc/hosts", "", ""),
+            ("http://[not-closed/", "", ""),
+        ],
+    )
+    def test_host_and_domain_lanes(self, url: str, host: str, domain: str) -> None:
+        assert make_lane_function("host")(url) == host
+        assert make_lane_function("domain")(url) == domain
+
+    def test_subdomains_share_a_domain_lane_only(self) -> None:
+        host, domain = make_lane_function("host"), make_lane_function("domain")
+        urls = ("http://a.example.co.uk/", "http://b.example.co.uk/")
+        assert len({host(url) for url in urls}) == 2
+        assert {domain(url) for url in urls} == {"example.co.uk"}
+        assert domain("http://other.co.uk/") != domain(urls[0])
+
+
+# -- Retry-After ------------------------------------------------------------------------------
+
+
+NOW = 1_445_412_480.0  # Wed, 21 Oct 2015 07:28:00 GMT
+
+
+class TestParseRetryAfter:
+    @pytest.mark.parametrize(
+        ("value", "seconds"),
+        [
+            ("120", 120.0),
+            (b"0", 0.0),
+            (b" 7 ", 7.0),
+            ("Wed, 21 Oct 2015 07:29:30 GMT", 90.0),
+            (b"Wed, 21 Oct 2015 07:28:00 GMT", 0.0),
+            ("Wed, 21 Oct 2015 07:00:00 GMT", 0.0),  # in the past: no wait
+        ],
+    )
+    def test_seconds_and_http_dates(self, value: str | bytes, seconds: float) -> None:
+        assert parse_retry_after(value, now=NOW) == seconds
+
+    def test_http_date_is_relative_to_now(self) -> None:
+        value = email.utils.formatdate(time.time() + 60, usegmt=True)
+        assert 55 <= (parse_retry_after(value) or 0) <= 61
+
+    @pytest.mark.parametrize(
+        "value", [None, "", "soon", b"-5", "1.5", "Wed, 32 Oct 2015 07:28:00 GMT", b"\xff\xfe"]
+    )
+    def test_garbage_is_none(self, value: str | bytes | None) -> None:
+        assert parse_retry_after(value, now=NOW) is None
+
+    @pytest.mark.parametrize("value", [b"\xb2", b"\xb9\xb2", "1\u00b2"])
+    def test_non_ascii_digits_are_garbage_not_an_error(self, value: str | bytes) -> None:
+        # b"\xb2" decodes (latin-1) to "²", which str.isdigit() accepts and float() refuses.
+        assert parse_retry_after(value, now=NOW) is None
+
+
+# -- the Politeness middleware -------------------------------------------------------------
+
+
+class StubScheduler:
+    def __init__(self) -> None:
+        self.blocks: list[tuple[Request, float]] = []
+        self.learned: list[tuple[str, float]] = []
+
+    def block_host(self, request: Request, seconds: float) -> None:
+        self.blocks.append((request, seconds))
+
+    def learn_crawl_delay(self, url: str, seconds: float) -> None:
+        self.learned.append((url, seconds))
+
+
+class StubRobotParser:
+    def __init__(self, delay: Any = None, error: Exception | None = None) -> None:
+        self.delay = delay
+        self.error = error
+        self.asked: list[str] = []
+
+    def crawl_delay(self, user_agent: str) -> Any:
+        self.asked.append(user_agent)
+        if self.error is not None:
+            raise self.error
+        return self.delay
+
+
+def _middleware(**settings: Any) -> tuple[Politeness, StubScheduler]:
+    middleware = Politeness(
+        load_config({"REDISSPINE_MAX_RETRY_AFTER_SECONDS": 100, **settings}), "testbot"
+    )
+    scheduler = StubScheduler()
+    middleware.worker_opened(scheduler)  # type: ignore[arg-type]
+    return middleware, scheduler
+
+
+def _response(request: Request, status: int, **headers: str) -> Response:
+    return Response(request.url, status=status, headers=headers, request=request)
+
+
+class TestPolitenessMiddleware:
+    @pytest.mark.parametrize(("status", "header", "blocked"), [
+        (429, "30", 30.0),
+        (503, "30", 30.0),
+        (429, "5000", 100.0),  # capped
+        (429, "Wed, 21 Oct 2015 07:28:00 GMT", 0.0),  # a date long past
+    ])
+    def test_retry_after_blocks_the_host(
+        self, status: int, header: str, blocked: float
+    ) -> None:
+        middleware, scheduler = _middleware()
+        request = Request("http://a.example/page")
+        response = _response(request, status, **{"Retry-After": header})
+        assert middleware.process_response(request, response) is response
+        assert scheduler.blocks == [(request, blocked)]
+
+    @pytest.mark.parametrize(("status", "headers"), [
+        (200, {"Retry-After": "30"}),
+        (500, {"Retry-After": "30"}),
+        (301, {"Retry-After": "30", "Location": "/x"}),
+        (429, {}),
+        (503, {"Retry-After": "later"}),
+    ])
+    def test_other_answers_block_nothing(self, status: int, headers: dict[str, str]) -> None:
+        middleware, scheduler = _middleware()
+        request = Request("http://a.example/page")
+        response = _response(request, status, **headers)
+        assert middleware.process_response(request, response, Spider("s")) is response
+        assert scheduler.blocks == []
+
+    def test_before_the_worker_opened_nothing_happens(self) -> None:
+        middleware = Politeness(load_config({}))
+        request = Request("http://a.example/")
+        response = _response(request, 429, **{"Retry-After": "30"})
+        assert middleware.process_response(request, response) is response
+        middleware.robots_parsed(StubRobotParser(5), request)
+
+    def test_robots_crawl_delay_is_learned(self) -> None:
+        middleware, scheduler = _middleware()
+        parser = StubRobotParser(delay=4)
+        request = Request("http://a.example/robots.txt")
+        middleware.robots_parsed(parser, request)
+        assert scheduler.learned == [("http://a.example/robots.txt", 4.0)]
+        assert parser.asked == ["testbot"]
+
+    @pytest.mark.parametrize("parser", [
+        StubRobotParser(delay=None), StubRobotParser(delay=0),
+        StubRobotParser(error=AttributeError("no crawl_delay")),
+    ])
+    def test_no_crawl_delay_learns_nothing(self, parser: StubRobotParser) -> None:
+        middleware, scheduler = _middleware()
+        middleware.robots_parsed(parser, Request("http://a.example/robots.txt"))
+        assert scheduler.learned == []
+
+    def test_from_crawler_uses_the_robots_user_agent(self) -> None:
+        crawler = get_crawler(Spider, {"ROBOTSTXT_USER_AGENT": "robobot", "USER_AGENT": "ua"})
+        assert Politeness.from_crawler(crawler).user_agent == "robobot"
+        crawler = get_crawler(Spider, {"USER_AGENT": "ua"})
+        assert Politeness.from_crawler(crawler).user_agent == "ua"
+
+
+# -- settings ----------------------------------------------------------------------------------
+
+
+class TestPolitenessSettings:
+    def test_defaults(self) -> None:
+        config = load_config({})
+        assert (config.host_concurrency, config.politeness_key, config.host_delays) == (
+            1, "host", (),
+        )
+        assert (config.max_crawl_delay_seconds, config.max_retry_after_seconds) == (60.0, 600.0)
+        assert config.host_backlog_cap == 0
+
+    def test_host_delays_from_a_dict_or_json(self) -> None:
+        expected = (("slow.example", 5.0), ("b.example", 0.5))
+        assert load_config(
+            {"REDISSPINE_HOST_DELAYS": {"Slow.Example": 5, "b.example": "0.5"}}
+        ).host_delays == expected
+        assert load_config(
+            {"REDISSPINE_HOST_DELAYS": '{"slow.example": 5, "b.example": 0.5}'}
+        ).host_delays == expected
+
+    @pytest.mark.parametrize(("name", "value"), [
+        ("REDISSPINE_HOST_DELAYS", "not json"),
+        ("REDISSPINE_HOST_DELAYS", ["a.example"]),
+        ("REDISSPINE_HOST_DELAYS", {"a.example": -1}),
+        ("REDISSPINE_HOST_DELAYS", {"a.example": "slow"}),
+        ("REDISSPINE_HOST_CONCURRENCY", 0),
+        ("REDISSPINE_POLITENESS_KEY", "url"),
+        ("REDISSPINE_HOST_BACKLOG_CAP", -1),
+        ("REDISSPINE_MAX_CRAWL_DELAY_SECONDS", -1),
+        ("REDISSPINE_MAX_RETRY_AFTER_SECONDS", "forever"),
+    ])
+    def test_bad_values_name_the_setting(self, name: str, value: Any) -> None:
+        with pytest.raises(ConfigError, match=name):
+            load_config({name: value})
+
+    def test_scrapy_settings_randomize_off_means_no_jitter(self) -> None:
+        # Scrapy 2.19 has both RANDOMIZE_DOWNLOAD_DELAY (deprecated) and
+        # DOWNLOAD_DELAY_JITTER in its defaults; a project that turns randomizing off
+        # the old way gets no jitter from Scrapy, and must get none from the fleet.
+        settings = Settings()
+        settings.set("RANDOMIZE_DOWNLOAD_DELAY", False, priority="project")
+        assert load_config(settings).download_delay_jitter == 0.0
+
+    def test_scrapy_settings_jitter_wins_when_set_explicitly(self) -> None:
+        settings = Settings()
+        settings.set("DOWNLOAD_DELAY", 2, priority="project")
+        settings.set("DOWNLOAD_DELAY_JITTER", 0.2, priority="project")
+        config = load_config(settings)
+        assert (config.download_delay, config.download_delay_jitter) == (2.0, 0.2)
+
+
+# -- the scheduler --------------------------------------------------------------------------
+
+
+class PoliteSpider(Spider):
+    name = "polite"
+
+    def parse(self, response: Any) -> None:
+        pass
+
+
+def _scheduler(url: str, worker_id: str = "w1", **settings: Any) -> Scheduler:
+    config = load_config(
+        {
+            "REDISSPINE_REDIS_URL": url,
+            "REDISSPINE_CRAWL_ID": KEYS.crawl_id,
+            "REDISSPINE_IDLE_POLL_SECONDS": 0.01,
+            "DOWNLOAD_DELAY_JITTER": 0,
+            **settings,
+        }
+    )
+    stats = MemoryStatsCollector(get_crawler(PoliteSpider))
+    dupefilter = RedisDupeFilter(RequestFingerprinter(), config, stats=stats)
+    return Scheduler(config, dupefilter, stats, crawler=None, worker_id=worker_id)
+
+
+MakeScheduler = Callable[..., Scheduler]
+
+
+@pytest.fixture
+def make_scheduler(
+    backend: str, client: redis.Redis, request: pytest.FixtureRequest,
+    monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[MakeScheduler]:
+    """``make_scheduler(worker_id, spider=None, **settings)``: opened on ``client``'s data."""
+    if backend == "fakeredis":
+        server = client.connection_pool.connection_kwargs["server"]
+        monkeypatch.setattr(
+            scrapy_redisspine.worker, "client_from_url",
+            lambda url: fakeredis.FakeRedis(server=server),
+        )
+        url = "redis://fakeredis.invalid:6379/0"
+    else:
+        url = str(request.getfixturevalue("redis_url"))
+    opened: list[Scheduler] = []
+
+    def make(worker_id: str = "w1", spider: Spider | None = None, **settings: Any) -> Scheduler:
+        scheduler = _scheduler(url, worker_id, **settings)
+        scheduler.open(spider or PoliteSpider())
+        opened.append(scheduler)
+        return scheduler
+
+    yield make
+    for scheduler in opened:
+        if any(timer.running for timer in scheduler._timers):
+            scheduler.close("shutdown")
+
+
+def _next(scheduler: Scheduler) -> Request | None:
+    for _ in range(3):
+        request = scheduler.next_request()
+        if request is not None:
+            return request
+        time.sleep(0.015)
+    return None
+
+
+class TestTakeOverDownloadDelay:
+    def test_setting_becomes_the_fleet_default_and_scrapys_delay_is_off(self) -> None:
+        scheduler = _scheduler("redis://unused.invalid", DOWNLOAD_DELAY=2)
+        spider = PoliteSpider()
+        scheduler._take_over_download_delay(spider)
+        assert spider.download_delay == 0  # type: ignore[attr-defined]
+        assert scheduler.delays.default_seconds == 2.0
+
+    def test_the_spiders_own_delay_wins(self) -> None:
+        scheduler = _scheduler("redis://unused.invalid", DOWNLOAD_DELAY=2)
+        spider = PoliteSpider()
+        spider.download_delay = 3.5  # type: ignore[attr-defined]
+        scheduler._take_over_download_delay(spider)
+        assert spider.download_delay == 0  # type: ignore[attr-defined]
+        assert scheduler.delays.default_seconds == 3.5
+        assert scheduler.delays.next_delay_ms("a.example") == 3_500
+
+    def test_open_takes_it_over(self, make_scheduler: MakeScheduler) -> None:
+        spider = PoliteSpider()
+        spider.download_delay = 1.25  # type: ignore[attr-defined]
+        scheduler = make_scheduler(spider=spider)
+        assert spider.download_delay == 0  # type: ignore[attr-defined]
+        assert scheduler.delays.default_seconds == 1.25
+
+
+class TestSchedulerPoliteness:
+    def test_ack_rests_the_host_for_the_delay(
+        self, make_scheduler: MakeScheduler, client: redis.Redis
+    ) -> None:
+        scheduler = make_scheduler(DOWNLOAD_DELAY=60)
+        for url in ("http://a.example/1", "http://a.example/2", "http://b.example/1"):
+            scheduler.enqueue_request(Request(url))
+        first = _next(scheduler)
+        assert first is not None
+        host = first.url.split("/")[2]
+        before = _server_ms(client)
+        scheduler._on_request_done(first)
+        assert int(client.hget(KEYS.host_next, host)) >= before + 60_000
+        rest = [r.url for r in iter(lambda: _next(scheduler), None)]
+        assert first.url not in rest
+        assert all(host not in url for url in rest), f"{host} was fetched again at once"
+
+    def test_retry_after_block_outlasts_the_delay(
+        self, make_scheduler: MakeScheduler, client: redis.Redis
+    ) -> None:
+        scheduler = make_scheduler(DOWNLOAD_DELAY=1)
+        scheduler.enqueue_request(Request("http://a.example/1"))
+        request = _next(scheduler)
+        assert request is not None
+        scheduler.block_host(request, 120)
+        before = _server_ms(client)
+        scheduler._on_request_done(request)
+        assert int(client.hget(KEYS.host_next, "a.example")) >= before + 120_000
+        assert scheduler.stats.get_value("redisspine/politeness/retry_after") == 1
+        assert not scheduler._blocks
+
+    def test_block_of_a_request_not_handed_out_is_ignored(
+        self, make_scheduler: MakeScheduler
+    ) -> None:
+        scheduler = make_scheduler()
+        scheduler.block_host(Request("http://a.example/robots.txt"), 120)
+        assert not scheduler._blocks
+
+    def test_no_host_lane_is_not_rested(
+        self, make_scheduler: MakeScheduler, client: redis.Redis
+    ) -> None:
+        scheduler = make_scheduler(DOWNLOAD_DELAY=60)
+        scheduler.enqueue_request(Request("data:,one"))
+        scheduler.enqueue_request(Request("data:,two"))
+        first = _next(scheduler)
+        assert first is not None
+        scheduler._on_request_done(first)
+        second = _next(scheduler)
+        assert second is not None
+        assert {first.url, second.url} == {"data:,one", "data:,two"}
+
+    def test_learned_crawl_delay_is_shared_with_the_fleet(
+        self, make_scheduler: MakeScheduler, client: redis.Redis
+    ) -> None:
+        learner = make_scheduler("w1", REDISSPINE_MAX_CRAWL_DELAY_SECONDS=30)
+        learner.learn_crawl_delay("http://a.example/robots.txt", 500)
+        learner.learn_crawl_delay("http://a.example/robots.txt", 5)  # known: ignored
+        learner.learn_crawl_delay("data:,robots", 5)  # no host: ignored
+        assert client.hgetall(KEYS.host_delay) == {b"a.example": b"30"}
+        assert learner.stats.get_value("redisspine/politeness/crawl_delays_learned") == 1
+        assert learner.delays.next_delay_ms("a.example") == 30_000
+
+        other = make_scheduler("w2")
+        assert not other.delays.knows("a.example")
+        other.enqueue_request(Request("http://a.example/page"))
+        request = _next(other)
+        assert request is not None
+        assert other.delays.knows("a.example"), "learned from the lease"
+        before = _server_ms(client)
+        other._on_request_done(request)
+        assert int(client.hget(KEYS.host_next, "a.example")) >= before + 30_000
+
+    def test_host_concurrency_setting(self, make_scheduler: MakeScheduler) -> None:
+        scheduler = make_scheduler(REDISSPINE_HOST_CONCURRENCY=2)
+        for i in range(3):
+            scheduler.enqueue_request(Request(f"http://a.example/{i}"))
+        got = [_next(scheduler), _next(scheduler), _next(scheduler)]
+        assert [request is not None for request in got] == [True, True, False]
+
+    def test_domain_lanes_share_one_slot(
+        self, make_scheduler: MakeScheduler, client: redis.Redis
+    ) -> None:
+        scheduler = make_scheduler(REDISSPINE_POLITENESS_KEY="domain")
+        scheduler.enqueue_request(Request("http://a.example.co.uk/"))
+        scheduler.enqueue_request(Request("http://b.example.co.uk/"))
+        assert _next(scheduler) is not None
+        assert _next(scheduler) is None
+        assert client.hgetall(KEYS.busy) == {b"example.co.uk": b"1"}
+
+    def test_backlog_cap_is_counted(self, make_scheduler: MakeScheduler) -> None:
+        scheduler = make_scheduler(REDISSPINE_HOST_BACKLOG_CAP=1)
+        scheduler.enqueue_request(Request("http://a.example/1"))
+        scheduler.enqueue_request(Request("http://a.example/2"))
+        scheduler.enqueue_request(Request("http://b.example/1"))
+        assert scheduler._try_flush()
+        assert scheduler.stats.get_value("redisspine/scheduler/backlog_capped") == 1
+        assert scheduler.stats.get_value("scheduler/enqueued") == 2
+
+
+class TestWakeWhenDue:
+    @pytest.fixture
+    def scheduler(self) -> Iterator[Scheduler]:
+        scheduler = _scheduler("redis://unused.invalid", REDISSPINE_IDLE_POLL_SECONDS=0.5)
+        yield scheduler
+        if scheduler._wake_call is not None and scheduler._wake_call.active():
+            scheduler._wake_call.cancel()
+
+    @pytest.mark.parametrize("wait_ms", [-1, 500, 60_000])
+    def test_no_call_when_nothing_is_due_soon(self, scheduler: Scheduler, wait_ms: int) -> None:
+        scheduler._wake_when_due(wait_ms)
+        assert scheduler._wake_call is None
+
+    def test_wakes_exactly_when_the_next_lane_is_due(self, scheduler: Scheduler) -> None:
+        from twisted.internet import reactor
+
+        scheduler._wake_when_due(200)
+        call = scheduler._wake_call
+        assert call is not None
+        assert call.active()
+        assert call.getTime() == pytest.approx(reactor.seconds() + 0.2, abs=0.05)  # type: ignore[attr-defined]
+        scheduler._wake_when_due(10)
+        assert scheduler._wake_call is call, "one pending wake-up is enough"
+
+    def test_wake_resets_the_empty_lease_back_off(self, scheduler: Scheduler) -> None:
+        scheduler._last_empty_lease = time.monotonic()
+        scheduler.wake()
+        assert scheduler._last_empty_lease == 0.0

@@ -1,0 +1,1185 @@
+"""Crash recovery: the sweep, dead letters, fencing in the scheduler, Redis outages.
+
+The frontier tests run on fakeredis and on the real redis-server (``client``);
+heartbeats are made stale by writing an old score into ``workers`` directly, never
+by sleeping. Tests where processes race or the server must die use a real
+redis-server only: the concurrent sweepers share the session server, the outage
+test spawns its own (the session server is shared by every test).
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import fakeredis
+import pytest
+import redis
+from scrapy import Request, Spider
+from scrapy.exceptions import NotConfigured
+from scrapy.statscollectors import MemoryStatsCollector
+from scrapy.utils.request import RequestFingerprinter
+from scrapy.utils.test import get_crawler
+
+import scrapy_redisspine.worker
+from scrapy_redisspine.dupefilter import RedisDupeFilter
+from scrapy_redisspine.extension import Recovery
+from scrapy_redisspine.frontier import (
+    Frontier,
+    NewRequest,
+    SweepResult,
+    priority_key,
+    split_member,
+)
+from scrapy_redisspine.health import RedisHealth
+from scrapy_redisspine.keys import CrawlKeys
+from scrapy_redisspine.politeness import DelayPolicy
+from scrapy_redisspine.scheduler import Scheduler
+from scrapy_redisspine.settings import ConfigError, load_config
+from scrapy_redisspine.testing.redis_server import RedisServer
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from tests.unit.conftest import FrontierFactory
+
+TIMEOUT_MS = 30_000
+KEYS = CrawlKeys("redisspine", "test")
+#: A lane concurrency no test reaches: these tests lease several requests of one lane
+#: at once (per-lane limits are tests/unit/test_politeness.py's business).
+WIDE = 10_000
+
+
+def _requests(*payloads: bytes, **kwargs: Any) -> list[NewRequest]:
+    return [NewRequest(payload, b"fp-" + payload, **kwargs) for payload in payloads]
+
+
+def _server_ms(client: redis.Redis) -> int:
+    seconds, micros = client.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def _silence(client: redis.Redis, keys: CrawlKeys, worker_id: str) -> None:
+    """The worker's last heartbeat was ten timeouts ago (server clock)."""
+    client.zadd(keys.workers, {worker_id: _server_ms(client) - 10 * TIMEOUT_MS})
+
+
+def _beat(client: redis.Redis, keys: CrawlKeys, worker_id: str) -> None:
+    client.zadd(keys.workers, {worker_id: _server_ms(client)})
+
+
+def _age_leases(client: redis.Redis, keys: CrawlKeys, lease_keys: list[str]) -> None:
+    """Pretend these leases were taken in 1970."""
+    client.zadd(keys.leases, dict.fromkeys(lease_keys, 1))
+
+
+def _sweep(
+    frontier: Frontier, *, ceiling_ms: int = 0, max_requeues: int = 5, limit: int = 1000
+) -> SweepResult:
+    return frontier.requeue_stale(
+        timeout_ms=TIMEOUT_MS, ceiling_ms=ceiling_ms, max_requeues=max_requeues, limit=limit
+    )
+
+
+def _stats(client: redis.Redis, keys: CrawlKeys) -> dict[str, int]:
+    return {name.decode(): int(value) for name, value in client.hgetall(keys.stats).items()}
+
+
+def _queue(client: redis.Redis, keys: CrawlKeys) -> list[tuple[bytes, float]]:
+    return list(client.zrange(keys.queue, 0, -1, withscores=True))
+
+
+def _queued_payloads(client: redis.Redis, keys: CrawlKeys) -> list[bytes]:
+    return sorted(split_member(member)[2] for member, _ in _queue(client, keys))
+
+
+@pytest.fixture
+def make_frontier(make_frontier: FrontierFactory) -> FrontierFactory:
+    """The unit conftest's factory, with workers never held back by per-lane politeness."""
+
+    def make(*args: Any, **kwargs: Any) -> Frontier:
+        kwargs.setdefault("concurrency", WIDE)
+        return make_frontier(*args, **kwargs)
+
+    return make
+
+
+# -- requeue_stale ------------------------------------------------------------------------
+
+
+class TestRequeueStale:
+    def test_requeues_the_leases_of_a_silent_worker_only(
+        self, make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        dead, live = make_frontier("dead"), make_frontier("live")
+        dead.enqueue(_requests(b"d1", b"d2", b"d3", b"l1", b"l2"))
+        dead_leases = dead.lease(3).leases
+        live_leases = live.lease(2).leases
+        _silence(client, crawl_keys, "dead")
+        _beat(client, crawl_keys, "live")
+
+        assert _sweep(live) == SweepResult(requeued=3, dead_lettered=0, workers_removed=1)
+        assert _queued_payloads(client, crawl_keys) == [b"d1", b"d2", b"d3"]
+        assert sorted(client.hkeys(crawl_keys.inflight)) == sorted(
+            lease.key.encode() for lease in live_leases
+        )
+        assert sorted(client.zrange(crawl_keys.owned, 0, -1)) == sorted(
+            f"live\n{lease.key}".encode() for lease in live_leases
+        )
+        assert client.zcard(crawl_keys.leases) == 2
+        assert client.zscore(crawl_keys.workers, "dead") is None
+        assert client.zscore(crawl_keys.workers, "live") is not None
+        assert _stats(client, crawl_keys)["requeued"] == 3
+        assert {lease.key for lease in dead_leases} == {
+            lease.key for lease in live.lease(10).leases
+        }
+
+    def test_a_live_workers_old_leases_stay_without_a_ceiling(
+        self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        frontier.enqueue(_requests(b"a", b"b"))
+        leases = frontier.lease(2).leases
+        _beat(client, crawl_keys, "w1")
+        _age_leases(client, crawl_keys, [lease.key for lease in leases])
+        assert _sweep(frontier, ceiling_ms=0) == SweepResult(0, 0, 0)
+        assert frontier.counts() == (0, 2)
+        assert frontier.ack([lease.handle for lease in leases]) == 2
+
+    def test_a_live_workers_lease_past_the_ceiling_is_requeued(
+        self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        frontier.enqueue(_requests(b"stuck", b"fresh"))
+        stuck, fresh = frontier.lease(2).leases
+        _beat(client, crawl_keys, "w1")
+        _age_leases(client, crawl_keys, [stuck.key])
+
+        assert _sweep(frontier, ceiling_ms=60_000) == SweepResult(1, 0, 0)
+        assert client.zscore(crawl_keys.workers, "w1") is not None, "the worker lives"
+        assert frontier.counts() == (1, 1)
+        assert client.hget(crawl_keys.inflight, fresh.key) is not None
+        assert frontier.ack([stuck.handle]) == 0, "the stuck lease's token is void"
+        (again,) = frontier.lease(1).leases
+        assert (again.key, again.payload, again.requeues) == (stuck.key, b"stuck", 1)
+
+    def test_keeps_priority_order_key_and_payload(
+        self, make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        dead = make_frontier("dead")
+        dead.enqueue(
+            [
+                NewRequest(b"low", b"1", priority=-3),
+                NewRequest(b"mid\n\x00\xff", b"2"),
+                NewRequest(b"high", b"3", priority=1_000_000),
+                NewRequest(b"mid2", b"4"),
+            ]
+        )
+        before = _queue(client, crawl_keys)
+        leased = dead.lease(4).leases
+        _silence(client, crawl_keys, "dead")
+        assert _sweep(dead).requeued == 4
+        assert _queue(client, crawl_keys) == before
+        again = make_frontier("w2").lease(4).leases
+        assert [(lease.key, lease.payload) for lease in again] == [
+            (lease.key, lease.payload) for lease in leased
+        ]
+        assert [lease.payload for lease in again] == [b"high", b"mid\n\x00\xff", b"mid2", b"low"]
+
+    def test_requeue_count_is_visible_in_the_next_lease(
+        self, make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        frontier = make_frontier("w1")
+        frontier.enqueue(_requests(b"a"))
+        for expected in (0, 1, 2):
+            (lease,) = frontier.lease(1).leases
+            assert lease.requeues == expected
+            _silence(client, crawl_keys, "w1")
+            assert _sweep(frontier).requeued == 1
+        assert client.hget(crawl_keys.requeues, lease.key) == b"3"
+        (lease,) = frontier.lease(1).leases
+        assert lease.requeues == 3
+
+    def test_dead_letters_after_max_requeues(
+        self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        frontier.enqueue([NewRequest(b"crasher", b"fp", priority=7, lane="h.example")])
+        (member,) = client.zrange(crawl_keys.queue, 0, -1)
+        for _ in range(2):
+            frontier.lease(1)
+            _silence(client, crawl_keys, "w1")
+            assert _sweep(frontier, max_requeues=2) == SweepResult(1, 0, 1)
+        (lease,) = frontier.lease(1).leases
+        assert lease.requeues == 2
+        _silence(client, crawl_keys, "w1")
+
+        assert _sweep(frontier, max_requeues=2) == SweepResult(0, 1, 1)
+        assert frontier.counts() == (0, 0)
+        assert not client.exists(crawl_keys.requeues)
+        assert not client.exists(crawl_keys.owned)
+        assert not client.exists(crawl_keys.leases)
+        (letter,) = frontier.dead_letters()
+        assert letter.field == lease.key
+        assert (letter.lane, letter.payload) == ("h.example", b"crasher")
+        assert client.hget(crawl_keys.dead, lease.key) == f"{letter.reason}\n".encode() + member
+        assert priority_key(7).encode() in member
+        assert not client.exists(crawl_keys.busy), "the dead worker's slot is free"
+        assert not client.exists(crawl_keys.backlog), "nothing of the lane is queued"
+        assert not client.exists(crawl_keys.hosts)
+        assert "requeued 2 times" in letter.reason
+        assert "w1" in letter.reason
+        assert "heartbeat" in letter.reason
+        stats = _stats(client, crawl_keys)
+        assert (stats["requeued"], stats["dead_lettered"]) == (2, 1)
+
+    def test_max_requeues_zero_dead_letters_at_once(
+        self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        frontier.enqueue(_requests(b"a"))
+        frontier.lease(1)
+        _silence(client, crawl_keys, "w1")
+        assert _sweep(frontier, max_requeues=0) == SweepResult(0, 1, 1)
+        (letter,) = frontier.dead_letters()
+        assert "requeued 0 times" in letter.reason
+
+    def test_ceiling_dead_letter_names_the_ceiling(
+        self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        frontier.enqueue(_requests(b"a"))
+        (lease,) = frontier.lease(1).leases
+        _beat(client, crawl_keys, "w1")
+        _age_leases(client, crawl_keys, [lease.key])
+        assert _sweep(frontier, ceiling_ms=60_000, max_requeues=0) == SweepResult(0, 1, 0)
+        (letter,) = frontier.dead_letters()
+        assert "60000 ms" in letter.reason
+        assert "requeued 0 times" in letter.reason
+
+    def test_silent_worker_without_leases_is_removed(
+        self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        _silence(client, crawl_keys, "gone")
+        _beat(client, crawl_keys, "w1")
+        assert _sweep(frontier) == SweepResult(0, 0, 1)
+        assert client.zrange(crawl_keys.workers, 0, -1) == [b"w1"]
+
+    def test_limit_makes_partial_progress_and_the_next_call_finishes(
+        self, make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        dead = make_frontier("dead")
+        dead.enqueue(_requests(*(f"r{i}".encode() for i in range(5))))
+        dead.lease(5)
+        _silence(client, crawl_keys, "dead")
+
+        assert _sweep(dead, limit=3) == SweepResult(3, 0, 0)
+        assert dead.counts() == (3, 2)
+        assert client.zscore(crawl_keys.workers, "dead") is not None, "leases remain"
+        assert client.zcard(crawl_keys.owned) == 2
+        assert _sweep(dead, limit=3) == SweepResult(2, 0, 1)
+        assert dead.counts() == (5, 0)
+        assert client.zscore(crawl_keys.workers, "dead") is None
+        assert _stats(client, crawl_keys)["requeued"] == 5
+
+    def test_limit_exactly_used_up_removes_the_worker_on_the_next_call(
+        self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        frontier.enqueue(_requests(b"a", b"b"))
+        frontier.lease(2)
+        _silence(client, crawl_keys, "w1")
+        assert _sweep(frontier, limit=2) == SweepResult(2, 0, 0)
+        assert _sweep(frontier, limit=2) == SweepResult(0, 0, 1)
+
+    def test_limit_bounds_the_ceiling_pass_too(
+        self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        frontier.enqueue(_requests(b"a", b"b", b"c"))
+        leases = frontier.lease(3).leases
+        _beat(client, crawl_keys, "w1")
+        _age_leases(client, crawl_keys, [lease.key for lease in leases])
+        assert _sweep(frontier, ceiling_ms=60_000, limit=2).requeued == 2
+        assert _sweep(frontier, ceiling_ms=60_000, limit=2).requeued == 1
+        assert frontier.counts() == (3, 0)
+
+    def test_never_requeues_an_acked_or_released_lease(
+        self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        frontier.enqueue(_requests(b"acked", b"released", b"held"))
+        acked, released, held = frontier.lease(3).leases
+        assert frontier.ack([acked.handle]) == 1
+        assert frontier.release([released.handle]) == 1
+        _silence(client, crawl_keys, "w1")
+        _age_leases(client, crawl_keys, [acked.key, released.key, held.key])
+
+        assert _sweep(frontier, ceiling_ms=1).requeued == 1
+        assert _queued_payloads(client, crawl_keys) == [b"held", b"released"]
+        assert frontier.counts() == (2, 0)
+        assert not client.exists(crawl_keys.leases), "stray lease entries are cleaned up"
+
+    def test_is_idempotent(
+        self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        frontier.enqueue(_requests(b"a", b"b"))
+        frontier.lease(2)
+        _silence(client, crawl_keys, "w1")
+        assert _sweep(frontier, ceiling_ms=1).requeued == 2
+        queue = _queue(client, crawl_keys)
+        stats = _stats(client, crawl_keys)
+        requeues = client.hgetall(crawl_keys.requeues)
+        for _ in range(3):
+            assert _sweep(frontier, ceiling_ms=1) == SweepResult(0, 0, 0)
+        assert _queue(client, crawl_keys) == queue
+        assert _stats(client, crawl_keys) == stats
+        assert client.hgetall(crawl_keys.requeues) == requeues
+
+    def test_nothing_to_do_on_an_empty_crawl(self, frontier: Frontier) -> None:
+        assert _sweep(frontier, ceiling_ms=1) == SweepResult(0, 0, 0)
+
+    def test_worker_ids_sharing_a_prefix_are_not_confused(
+        self, make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        short, long = make_frontier("w1"), make_frontier("w10")
+        short.enqueue(_requests(b"short", b"long"))
+        short.lease(1)
+        long.lease(1)
+        _silence(client, crawl_keys, "w1")
+        _beat(client, crawl_keys, "w10")
+        assert _sweep(short) == SweepResult(1, 0, 1)
+        (entry,) = client.hvals(crawl_keys.inflight)
+        assert entry.startswith(b"w10\n")
+        assert entry.endswith(b"long")
+
+
+# -- dead letters ------------------------------------------------------------------------
+
+
+class TestDeadLetters:
+    def test_round_trip(
+        self, make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        frontier = make_frontier("w1")
+        frontier.enqueue([NewRequest(b"swept", b"1", priority=3), NewRequest(b"buried", b"2")])
+        before = dict(_queue(client, crawl_keys))
+        swept, buried = frontier.lease(2).leases
+        assert frontier.bury(buried.handle, "undecodable")
+        frontier.release([swept.handle])
+        (swept,) = frontier.lease(1).leases
+        _silence(client, crawl_keys, "w1")
+        assert _sweep(frontier, max_requeues=0).dead_lettered == 1
+        assert frontier.counts() == (0, 0)
+
+        letters = {letter.field: letter for letter in frontier.dead_letters()}
+        assert set(letters) == {swept.key, buried.key}
+        assert (letters[buried.key].reason, letters[buried.key].payload) == (
+            "undecodable", b"buried",
+        )
+        assert letters[swept.key].payload == b"swept"
+        swept_member = client.hget(crawl_keys.dead, swept.key).split(b"\n", 1)[1]
+        assert swept_member in before, "the dead letter keeps the whole queue member"
+
+        assert frontier.reinject_dead([swept.key, buried.key, "no-such-field"]) == 2
+        assert not client.exists(crawl_keys.dead)
+        assert dict(_queue(client, crawl_keys)) == before
+        assert _stats(client, crawl_keys)["reinjected"] == 2
+        again = make_frontier("w2").lease(10).leases
+        assert [(lease.key, lease.payload, lease.requeues) for lease in again] == [
+            (swept.key, b"swept", 0), (buried.key, b"buried", 0),
+        ]
+
+    def test_reinjected_request_gets_a_fresh_requeue_budget(
+        self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        frontier.enqueue(_requests(b"a"))
+        frontier.lease(1)
+        _silence(client, crawl_keys, "w1")
+        _sweep(frontier, max_requeues=1)
+        frontier.lease(1)
+        _silence(client, crawl_keys, "w1")
+        assert _sweep(frontier, max_requeues=1).dead_lettered == 1
+        (letter,) = frontier.dead_letters()
+        assert frontier.reinject_dead([letter.field]) == 1
+        assert not client.exists(crawl_keys.requeues)
+        frontier.lease(1)
+        _silence(client, crawl_keys, "w1")
+        assert _sweep(frontier, max_requeues=1).requeued == 1
+
+    def test_reinject_nothing(self, frontier: Frontier) -> None:
+        assert frontier.reinject_dead([]) == 0
+        assert frontier.reinject_dead(["000000000000001"]) == 0
+
+    def test_dead_letters_respects_its_limit(
+        self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        frontier.enqueue(_requests(*(f"r{i}".encode() for i in range(5))))
+        for lease in frontier.lease(5).leases:
+            frontier.bury(lease.handle, "bad")
+        assert len(frontier.dead_letters(limit=2)) == 2
+        assert len(frontier.dead_letters()) == 5
+
+    def test_malformed_member_is_listed_and_stays_dead_when_reinjected(
+        self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        client.zadd(crawl_keys.queue, {b"garbage": 0})
+        assert frontier.lease(5).malformed == 1
+        (letter,) = frontier.dead_letters()
+        assert letter.field.startswith("malformed:")
+        assert letter.reason == "malformed queue member"
+        assert letter.payload == b"garbage"
+        assert frontier.reinject_dead([letter.field]) == 0, "no lane: it stays dead"
+        assert frontier.dead_letters() == [letter]
+        assert frontier.counts() == (0, 0)
+        assert frontier.lease(5).malformed == 0
+        assert "reinjected" not in _stats(client, crawl_keys)
+
+
+# -- heartbeat, fleet view ---------------------------------------------------------------
+
+
+class TestHeartbeat:
+    def test_false_once_a_sweep_removed_the_worker(
+        self, make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        worker, sweeper = make_frontier("w1"), make_frontier("w2")
+        worker.register(flush=False, alive_ms=TIMEOUT_MS)
+        assert worker.heartbeat() is True
+        assert worker.heartbeat() is True
+        _silence(client, crawl_keys, "w1")
+        assert sweeper.heartbeat() is False  # first beat of w2: unknown until now
+        assert _sweep(sweeper).workers_removed == 1
+        assert worker.heartbeat() is False
+        assert worker.heartbeat() is True, "known again after saying so once"
+
+    def test_false_when_silent_past_the_timeout_even_if_not_swept_yet(
+        self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        # A sweep that hit its limit leaves the worker registered with part of its
+        # leases requeued: silence past the timeout must be reported either way.
+        frontier.register(flush=False, alive_ms=TIMEOUT_MS)
+        _silence(client, crawl_keys, "w1")
+        assert frontier.heartbeat(TIMEOUT_MS) is False
+        assert frontier.heartbeat(TIMEOUT_MS) is True
+        assert _sweep(frontier) == SweepResult(0, 0, 0)
+
+
+class TestReleaseOrphans:
+    """A lease whose reply was lost must not stay in flight under a live worker."""
+
+    def test_unknown_leases_go_back_known_ones_stay(
+        self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        frontier.enqueue(_requests(b"a", b"b", b"c"))
+        kept, *lost = frontier.lease(3).leases
+        assert frontier.release_orphans([kept.key]) == 2
+        assert client.hlen(crawl_keys.inflight) == 1
+        assert client.zcard(crawl_keys.owned) == 1
+        assert client.zcard(crawl_keys.leases) == 1
+        again = frontier.lease(5).leases
+        assert sorted(lease.payload for lease in again) == sorted(x.payload for x in lost)
+        assert frontier.ack([kept.handle]) == 1
+
+    def test_other_workers_leases_are_untouched(
+        self, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        mine = Frontier(client, crawl_keys, "w1", concurrency=WIDE)
+        theirs = Frontier(client, crawl_keys, "w10", concurrency=WIDE)
+        mine.enqueue(_requests(b"a", b"b"))
+        theirs.lease(2)
+        assert mine.release_orphans([]) == 0
+        assert client.hlen(crawl_keys.inflight) == 2
+
+
+class TestFleetView:
+    def test_fleet_stats(self, frontier: Frontier) -> None:
+        assert frontier.fleet_stats() == {}
+        frontier.enqueue(_requests(b"a", b"b", b"a"))
+        frontier.ack([lease.handle for lease in frontier.lease(1).leases])
+        assert frontier.fleet_stats() == {"enqueued": 2, "filtered": 1, "leased": 1, "acked": 1}
+
+    def test_workers_alive_counts_recent_heartbeats(
+        self, make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        for name in ("a", "b"):
+            make_frontier(name).register(flush=False, alive_ms=TIMEOUT_MS)
+        _silence(client, crawl_keys, "old")
+        assert make_frontier("a").workers_alive(TIMEOUT_MS) == 2
+        assert make_frontier("a").workers_alive(100 * TIMEOUT_MS) == 3
+
+
+# -- many sweepers at once (real server) -------------------------------------------------
+
+N_STALE = 500
+
+
+def _sweep_until_done(url: str, start: Any, results: Any) -> None:
+    client = redis.Redis.from_url(url)
+    try:
+        frontier = Frontier(client, KEYS, "sweeper", concurrency=WIDE)
+        start.wait(30)
+        requeued = dead = removed = 0
+        while True:
+            result = frontier.requeue_stale(
+                timeout_ms=TIMEOUT_MS, ceiling_ms=0, max_requeues=3, limit=3
+            )
+            requeued += result.requeued
+            dead += result.dead_lettered
+            removed += result.workers_removed
+            if result == SweepResult(0, 0, 0) and client.zscore(KEYS.workers, "dead") is None:
+                break
+        results.put((requeued, dead, removed))
+    finally:
+        client.close()
+
+
+def test_concurrent_sweepers_requeue_each_lease_exactly_once(
+    real_redis: redis.Redis, redis_url: str
+) -> None:
+    frontier = Frontier(real_redis, KEYS, "dead", concurrency=WIDE)
+    payloads = [f"request-{i}".encode() for i in range(N_STALE)]
+    frontier.enqueue(
+        [NewRequest(p, b"fp-" + p, lane=f"host-{i % 7}") for i, p in enumerate(payloads)]
+    )
+    assert len(frontier.lease(N_STALE).leases) == N_STALE
+    queue_before_lease = set()  # each in-flight entry remembers its queue member
+    for entry in real_redis.hvals(KEYS.inflight):
+        _, _, member = entry.split(b"\n", 2)
+        queue_before_lease.add((member, 0.0))
+    _silence(real_redis, KEYS, "dead")
+
+    context = multiprocessing.get_context("spawn")
+    start = context.Barrier(4)
+    results = context.Queue()
+    processes = [
+        context.Process(target=_sweep_until_done, args=(redis_url, start, results))
+        for _ in range(4)
+    ]
+    for process in processes:
+        process.start()
+    try:
+        totals = [results.get(timeout=60) for _ in processes]
+    finally:
+        for process in processes:
+            process.join(30)
+            if process.is_alive():
+                process.kill()
+    assert all(process.exitcode == 0 for process in processes)
+
+    assert sum(requeued for requeued, _, _ in totals) == N_STALE
+    assert sum(1 for requeued, _, _ in totals if requeued) > 1, "the sweeps did not overlap"
+    assert sum(dead for _, dead, _ in totals) == 0
+    assert sum(removed for _, _, removed in totals) == 1
+    assert set(_queue(real_redis, KEYS)) == queue_before_lease
+    assert real_redis.zcard(KEYS.queue) == N_STALE
+    assert frontier.counts() == (N_STALE, 0)
+    assert _stats(real_redis, KEYS)["requeued"] == N_STALE
+    assert set(real_redis.hvals(KEYS.requeues)) == {b"1"}
+    assert not real_redis.exists(KEYS.owned)
+    assert not real_redis.exists(KEYS.leases)
+    assert not real_redis.exists(KEYS.busy)
+    assert real_redis.hgetall(KEYS.backlog) == {
+        f"host-{lane}".encode(): str(len(range(lane, N_STALE, 7))).encode() for lane in range(7)
+    }
+
+
+# -- RedisHealth ---------------------------------------------------------------------------
+
+
+class FakeClock:
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class TestRedisHealth:
+    def test_healthy_from_the_start(self) -> None:
+        clock = FakeClock()
+        health = RedisHealth(clock=clock)
+        assert not health.down
+        assert health.available()
+        clock.advance(12.5)
+        assert health.healthy_for() == pytest.approx(12.5)
+
+    def test_backoff_doubles_up_to_the_maximum(self) -> None:
+        clock = FakeClock()
+        errors: list[str] = []
+        health = RedisHealth(max_delay=1.0, on_error=errors.append, clock=clock)
+        for delay in (0.1, 0.2, 0.4, 0.8, 1.0, 1.0):
+            health.failed("lease", redis.ConnectionError("refused"))
+            assert not health.available()
+            clock.advance(delay - 0.001)
+            assert not health.available(), delay
+            clock.advance(0.002)
+            assert health.available(), delay
+        assert errors == ["lease"] * 6
+        assert health.down
+
+    def test_not_available_during_backoff(self) -> None:
+        clock = FakeClock()
+        health = RedisHealth(clock=clock)
+        health.failed("enqueue", redis.ConnectionError("refused"))
+        health.failed("enqueue", redis.ConnectionError("refused"))  # delay 0.2
+        clock.advance(0.19)
+        assert not health.available()
+        clock.advance(0.02)
+        assert health.available()
+        assert health.down, "available to retry, but not known to be back"
+        assert health.healthy_for() == 0.0
+
+    def test_error_is_logged_once_per_outage(self, caplog: pytest.LogCaptureFixture) -> None:
+        health = RedisHealth(clock=FakeClock())
+        with caplog.at_level(logging.ERROR, logger="scrapy_redisspine"):
+            for _ in range(5):
+                health.failed("heartbeat", redis.ConnectionError("refused"))
+        (record,) = caplog.records
+        assert "heartbeat" in record.getMessage()
+        assert "ConnectionError" in record.getMessage()
+
+    def test_success_resets_and_says_redis_is_back(
+        self, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        clock = FakeClock()
+        health = RedisHealth(max_delay=4.0, clock=clock)
+        for _ in range(5):
+            health.failed("lease", redis.ConnectionError("refused"))
+        clock.advance(7.0)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="scrapy_redisspine"):
+            health.succeeded()
+        (record,) = caplog.records
+        assert "back" in record.getMessage()
+        assert "7.0 s" in record.getMessage()
+        assert not health.down
+        assert health.available()
+        assert health.healthy_for() == 0.0
+        clock.advance(3.0)
+        assert health.healthy_for() == pytest.approx(3.0)
+        health.failed("lease", redis.ConnectionError("refused"))
+        clock.advance(0.1)
+        assert health.available(), "the backoff starts again from its first delay"
+
+    def test_success_while_healthy_logs_nothing(self, caplog: pytest.LogCaptureFixture) -> None:
+        clock = FakeClock()
+        health = RedisHealth(clock=clock)
+        clock.advance(5)
+        with caplog.at_level(logging.DEBUG, logger="scrapy_redisspine"):
+            health.succeeded()
+        assert not caplog.records
+        assert health.healthy_for() == pytest.approx(5)
+
+
+# -- the scheduler --------------------------------------------------------------------------
+
+
+class SchedSpider(Spider):
+    name = "sched"
+
+    def parse(self, response: Any) -> None:
+        pass
+
+
+class StubHooks:
+    def __init__(self, free_slots: int) -> None:
+        self.free_slots = free_slots
+        self.wakes = 0
+
+    def free_download_slots(self) -> int:
+        return self.free_slots
+
+    def wake(self) -> None:
+        self.wakes += 1
+
+    def uninstall(self) -> None:
+        pass
+
+
+def _open_scheduler(url: str, worker_id: str = "w1", **settings: Any) -> Scheduler:
+    config = load_config(
+        {
+            "REDISSPINE_REDIS_URL": url,
+            "REDISSPINE_CRAWL_ID": KEYS.crawl_id,
+            "REDISSPINE_IDLE_POLL_SECONDS": 0.01,
+            **settings,
+        }
+    )
+    stats = MemoryStatsCollector(get_crawler(SchedSpider))
+    dupefilter = RedisDupeFilter(RequestFingerprinter(), config, stats=stats)
+    scheduler = Scheduler(config, dupefilter, stats, crawler=None, worker_id=worker_id)
+    scheduler.open(SchedSpider())
+    return scheduler
+
+
+MakeScheduler = Callable[..., Scheduler]
+
+
+@pytest.fixture
+def sched_url(
+    backend: str, client: redis.Redis, request: pytest.FixtureRequest,
+    monkeypatch: pytest.MonkeyPatch,
+) -> str:
+    """The URL schedulers connect to; ``client`` sees the same data."""
+    if backend == "fakeredis":
+        server = client.connection_pool.connection_kwargs["server"]
+        monkeypatch.setattr(
+            scrapy_redisspine.worker,
+            "client_from_url",
+            lambda url: fakeredis.FakeRedis(server=server),
+        )
+        return "redis://fakeredis.invalid:6379/0"
+    return str(request.getfixturevalue("redis_url"))  # already emptied for this test
+
+
+@pytest.fixture
+def make_scheduler(sched_url: str) -> Iterator[MakeScheduler]:
+    opened: list[Scheduler] = []
+
+    def make(worker_id: str = "w1", **settings: Any) -> Scheduler:
+        scheduler = _open_scheduler(sched_url, worker_id, **settings)
+        opened.append(scheduler)
+        return scheduler
+
+    yield make
+    for scheduler in opened:
+        if any(timer.running for timer in scheduler._timers):
+            scheduler.close("shutdown")
+
+
+def _stat(scheduler: Scheduler, name: str) -> Any:
+    return scheduler.stats.get_value(name)
+
+
+def _start(url: str) -> Request:
+    return Request(url, dont_filter=True, meta={"is_start_request": True})
+
+
+class TestMemoryPressure:
+    def test_sheds_discovered_requests_only(
+        self, make_scheduler: MakeScheduler, client: redis.Redis,
+        caplog: pytest.LogCaptureFixture,
+    ) -> None:
+        # all on one host: three may be in flight at once
+        scheduler = make_scheduler(REDISSPINE_HOST_CONCURRENCY=3)
+        scheduler.memory_pressure = True
+        with caplog.at_level(logging.WARNING, logger="scrapy_redisspine"):
+            assert scheduler.enqueue_request(Request("http://example.com/new1")) is False
+            assert scheduler.enqueue_request(Request("http://example.com/new2")) is False
+            assert scheduler.enqueue_request(_start("http://example.com/start"))
+            assert scheduler.enqueue_request(
+                Request("http://example.com/retry", dont_filter=True)
+            )
+        assert scheduler._try_flush()
+        assert client.zcard(KEYS.queue) == 2
+        assert _stat(scheduler, "redisspine/memory/shed") == 2
+        assert _stat(scheduler, "scheduler/enqueued") == 2
+        warnings = [r.getMessage() for r in caplog.records if "memory" in r.getMessage()]
+        assert len(warnings) == 1, "the shed warning is rate-limited"
+        assert not client.exists(KEYS.seen), "shed requests are not marked seen"
+
+        scheduler.memory_pressure = False
+        assert scheduler.enqueue_request(Request("http://example.com/new1"))
+        assert scheduler._try_flush()
+        urls = {request.url for request in iter(scheduler.next_request, None)}
+        assert urls == {
+            "http://example.com/start", "http://example.com/retry", "http://example.com/new1",
+        }
+
+
+class TestFencedScheduler:
+    def test_fenced_drops_ready_leases_and_the_stale_ack_is_refused(
+        self, make_scheduler: MakeScheduler, client: redis.Redis
+    ) -> None:
+        scheduler = make_scheduler(
+            "w1", REDISSPINE_LEASE_BATCH_SIZE=4, REDISSPINE_HOST_CONCURRENCY=4
+        )
+        scheduler._hooks = StubHooks(free_slots=4)  # type: ignore[assignment]
+        for i in range(4):
+            scheduler.enqueue_request(Request(f"http://example.com/{i}"))
+        started = scheduler.next_request()
+        assert started is not None
+        assert len(scheduler._ready) == 3
+
+        _silence(client, KEYS, "w1")
+        sweeper = Frontier(client, KEYS, "sweeper", concurrency=4)
+        assert _sweep(sweeper) == SweepResult(4, 0, 1)
+
+        scheduler._on_heartbeat()
+        assert not scheduler._ready
+        assert _stat(scheduler, "redisspine/scheduler/presumed_dead") == 1
+        scheduler._on_request_done(started)
+        assert _stat(scheduler, "redisspine/scheduler/ack_refused") == 1
+        assert (client.zcard(KEYS.queue), client.hlen(KEYS.inflight)) == (4, 0)
+
+        scheduler._on_heartbeat()
+        assert _stat(scheduler, "redisspine/scheduler/presumed_dead") == 1
+        assert len(Frontier(client, KEYS, "w2", concurrency=4).lease(10).leases) == 4
+
+    def test_fenced_does_not_strand_leases_taken_after_the_sweep(
+        self, make_scheduler: MakeScheduler, client: redis.Redis
+    ) -> None:
+        # A worker cut off from Redis (or paused) past the timeout is swept while it
+        # holds nothing. When it comes back, the engine asks for work before the next
+        # heartbeat: it leases a batch under its id, although it is no longer in
+        # `workers`. The heartbeat then says "you were presumed dead", and those
+        # fresh, valid leases must not be dropped: nothing else would ever requeue
+        # them (the worker is alive again), so the crawl could never finish.
+        scheduler = make_scheduler(
+            "w1", REDISSPINE_LEASE_BATCH_SIZE=4, REDISSPINE_HOST_CONCURRENCY=4
+        )
+        scheduler._hooks = StubHooks(free_slots=4)  # type: ignore[assignment]
+        _silence(client, KEYS, "w1")
+        assert _sweep(Frontier(client, KEYS, "sweeper", concurrency=4)).workers_removed == 1
+
+        for i in range(3):
+            scheduler.enqueue_request(Request(f"http://example.com/{i}"))
+        started = scheduler.next_request()
+        assert started is not None
+        assert len(scheduler._ready) == 2, "a whole batch was leased after the sweep"
+        scheduler._on_heartbeat()  # False: presumed dead
+        assert _stat(scheduler, "redisspine/scheduler/presumed_dead") == 1
+        scheduler._on_request_done(started)
+        assert _stat(scheduler, "redisspine/scheduler/acked") == 1, "its token is valid"
+
+        scheduler.close("shutdown")  # returns every lease it still knows of
+        queued, inflight = client.zcard(KEYS.queue), client.hlen(KEYS.inflight)
+        assert (queued, inflight) == (2, 0), (
+            f"{inflight} valid lease(s) forgotten by the worker but left in flight under "
+            f"its id: only the lease ceiling would ever requeue them"
+        )
+
+
+class TestRequeuedLeaseInTheScheduler:
+    def test_meta_counts_the_requeues(
+        self, make_scheduler: MakeScheduler, client: redis.Redis
+    ) -> None:
+        scheduler = make_scheduler("w1")
+        scheduler.enqueue_request(Request("http://example.com/twice"))
+        scheduler.enqueue_request(Request("http://example.com/fresh", priority=-1))
+        assert scheduler._try_flush()
+        dead = Frontier(client, KEYS, "dead")
+        assert len(dead.lease(1).leases) == 1
+        _silence(client, KEYS, "dead")
+        assert _sweep(dead).requeued == 1
+
+        first = scheduler.next_request()
+        assert first is not None
+        assert first.url == "http://example.com/twice"
+        assert first.meta["redisspine_requeues"] == 1
+        assert _stat(scheduler, "redisspine/scheduler/leased_requeued") == 1
+        scheduler._on_request_done(first)  # frees the host's one slot
+        second = scheduler.next_request() or scheduler.next_request()
+        assert second is not None
+        assert "redisspine_requeues" not in second.meta
+
+
+class TestSchedulerDuringAnOutage:
+    def test_requests_and_acks_wait_for_redis_and_nothing_is_lost(self, tmp_path: Any) -> None:
+        server = RedisServer(
+            appendonly=True, directory=tmp_path / "redis", extra_args=["--appendfsync", "always"]
+        ).start()
+        scheduler: Scheduler | None = None
+        try:
+            scheduler = _open_scheduler(server.url, "w1", REDISSPINE_ENQUEUE_BATCH_SIZE=2)
+            scheduler.enqueue_request(Request("http://example.com/parent"))
+            parent = scheduler.next_request()
+            assert parent is not None
+
+            server.kill()
+            children = [f"http://example.com/child{i}" for i in range(3)]
+            for url in children:
+                assert scheduler.enqueue_request(Request(url))
+            scheduler._on_request_done(parent)
+            assert not scheduler._try_flush()
+            assert scheduler.health.down
+            assert len(scheduler._outbox) == 3
+            assert len(scheduler._acks) == 1
+            assert scheduler.has_pending_requests()
+            assert scheduler.next_request() is None
+            scheduler._on_heartbeat()
+            assert scheduler.has_pending_requests()
+            assert _stat(scheduler, "redisspine/redis_errors/enqueue") >= 1
+
+            server.restart()
+            deadline = time.monotonic() + 10
+            while not scheduler._try_flush():
+                assert time.monotonic() < deadline, "never flushed after Redis came back"
+                time.sleep(0.05)
+            assert not scheduler.health.down
+            assert not scheduler._outbox
+            assert not scheduler._acks
+            assert _stat(scheduler, "redisspine/scheduler/acked") == 1
+
+            got = []
+            deadline = time.monotonic() + 5
+            while len(got) < 3 and time.monotonic() < deadline:
+                request = scheduler.next_request()
+                if request is None:
+                    time.sleep(0.02)
+                    continue
+                got.append(request)
+                scheduler._on_request_done(request)
+            assert sorted(request.url for request in got) == children
+            check = server.client()
+            try:
+                assert (check.zcard(KEYS.queue), check.hlen(KEYS.inflight)) == (0, 0)
+                assert int(check.hget(KEYS.stats, "acked")) == 4
+            finally:
+                check.close()
+            time.sleep(0.02)
+            assert not scheduler.has_pending_requests()
+        finally:
+            if scheduler is not None and server.running:
+                scheduler.close("finished")
+            server.stop()
+
+    def test_not_pending_is_never_claimed_while_redis_is_down(self, tmp_path: Any) -> None:
+        # Nothing buffered, the fleet was empty at the last count: the first count
+        # that fails must not answer from that stale cache (the engine would close
+        # the spider as "finished" while Redis cannot say whether work remains).
+        server = RedisServer(directory=tmp_path / "redis").start()
+        scheduler: Scheduler | None = None
+        try:
+            scheduler = _open_scheduler(server.url, "w1")
+            time.sleep(0.02)
+            assert not scheduler.has_pending_requests()
+            server.kill()
+            time.sleep(0.02)
+            assert scheduler.has_pending_requests(), "answered from a stale count"
+            assert scheduler.health.down
+            time.sleep(0.3)
+            assert scheduler.has_pending_requests()
+
+            server.restart()
+            deadline = time.monotonic() + 10
+            while scheduler.health.down:  # the engine keeps asking for requests
+                assert time.monotonic() < deadline, "never noticed Redis is back"
+                assert scheduler.next_request() is None
+                time.sleep(0.05)
+            time.sleep(0.02)
+            assert not scheduler.has_pending_requests()
+        finally:
+            if scheduler is not None and server.running:
+                scheduler.close("shutdown")
+            server.stop()
+
+
+# -- the Recovery extension --------------------------------------------------------------
+
+
+class StubClient:
+    def __init__(self) -> None:
+        self.memory: dict[str, Any] = {"used_memory": 10, "maxmemory": 0}
+        self.error: Exception | None = None
+
+    def info(self, section: str) -> dict[str, Any]:
+        assert section == "memory"
+        if self.error is not None:
+            raise self.error
+        return dict(self.memory)
+
+
+class StubFrontier:
+    def __init__(self) -> None:
+        self.client = StubClient()
+        self.sweeps: list[dict[str, int]] = []
+        self.result = SweepResult(0, 0, 0)
+        self.stats = {"enqueued": 5, "acked": 2}
+
+    def requeue_stale(self, **kwargs: int) -> SweepResult:
+        self.sweeps.append(kwargs)
+        return self.result
+
+    def fleet_stats(self) -> dict[str, int]:
+        return dict(self.stats)
+
+    def workers_alive(self, timeout_ms: int) -> int:
+        return 3
+
+
+class StubScheduler:
+    def __init__(self, clock: FakeClock, frontier: Any = None, delay: float = 0.0) -> None:
+        self.frontier = frontier if frontier is not None else StubFrontier()
+        self.health = RedisHealth(clock=clock)
+        self.delays = DelayPolicy(delay)
+        self.memory_pressure = False
+        self.wakes = 0
+
+    def wake(self) -> None:
+        self.wakes += 1
+
+
+def _recovery(**settings: Any) -> tuple[Recovery, MemoryStatsCollector]:
+    config = load_config({"REDISSPINE_WORKER_TIMEOUT_SECONDS": 30, **settings})
+    stats = MemoryStatsCollector(get_crawler(SchedSpider))
+    return Recovery(config, stats), stats
+
+
+class TestRecoveryExtension:
+    def test_waits_one_timeout_of_health_before_sweeping(self) -> None:
+        clock = FakeClock()
+        recovery, _ = _recovery()
+        scheduler = StubScheduler(clock)
+        recovery.scheduler = scheduler  # type: ignore[assignment]
+        recovery.sweep()
+        clock.advance(29)
+        recovery.sweep()
+        assert scheduler.frontier.sweeps == []
+        clock.advance(1)
+        recovery.sweep()
+        assert scheduler.frontier.sweeps == [
+            {
+                "timeout_ms": 30_000, "ceiling_ms": 3_600_000, "max_requeues": 3, "limit": 1000,
+                "rest_ms": 0,
+            }
+        ]
+
+    def test_after_an_outage_waits_one_timeout_again(self) -> None:
+        clock = FakeClock()
+        recovery, _ = _recovery()
+        scheduler = StubScheduler(clock)
+        recovery.scheduler = scheduler  # type: ignore[assignment]
+        clock.advance(60)
+        scheduler.health.failed("lease", redis.ConnectionError("down"))
+        clock.advance(10)
+        recovery.sweep()
+        scheduler.health.succeeded()
+        clock.advance(29)
+        recovery.sweep()
+        assert scheduler.frontier.sweeps == []
+        clock.advance(1)
+        recovery.sweep()
+        assert len(scheduler.frontier.sweeps) == 1
+
+    def test_uses_the_settings(self) -> None:
+        clock = FakeClock()
+        recovery, _ = _recovery(
+            REDISSPINE_WORKER_TIMEOUT_SECONDS=10, REDISSPINE_HEARTBEAT_SECONDS=1,
+            REDISSPINE_LEASE_CEILING_SECONDS=0, REDISSPINE_MAX_REQUEUES=7,
+        )
+        scheduler = StubScheduler(clock)
+        recovery.scheduler = scheduler  # type: ignore[assignment]
+        clock.advance(10)
+        recovery.sweep()
+        assert scheduler.frontier.sweeps == [
+            {"timeout_ms": 10_000, "ceiling_ms": 0, "max_requeues": 7, "limit": 1000, "rest_ms": 0}
+        ]
+
+    def test_requeued_lanes_rest_the_default_delay(self) -> None:
+        # The dead worker may have been fetching from the lane when it died.
+        clock = FakeClock()
+        recovery, _ = _recovery()
+        scheduler = StubScheduler(clock, delay=2.5)
+        recovery.scheduler = scheduler  # type: ignore[assignment]
+        clock.advance(30)
+        recovery.sweep()
+        (sweep,) = scheduler.frontier.sweeps
+        assert sweep["rest_ms"] == 2_500
+
+    def test_sets_fleet_stats_and_wakes_the_scheduler_after_requeuing(self) -> None:
+        clock = FakeClock()
+        recovery, stats = _recovery()
+        scheduler = StubScheduler(clock)
+        recovery.scheduler = scheduler  # type: ignore[assignment]
+        clock.advance(30)
+        recovery.sweep()
+        assert scheduler.wakes == 0
+        assert stats.get_value("redisspine/fleet/enqueued") == 5
+        assert stats.get_value("redisspine/fleet/acked") == 2
+        assert stats.get_value("redisspine/fleet/workers_alive") == 3
+        scheduler.frontier.result = SweepResult(4, 1, 2)
+        recovery.sweep()
+        assert scheduler.wakes == 1
+        assert stats.get_value("redisspine/recovery/requeued") == 4
+        assert stats.get_value("redisspine/recovery/dead_lettered") == 1
+
+    @pytest.mark.parametrize(
+        ("memory", "budget", "pressure"),
+        [
+            ({"used_memory": 95, "maxmemory": 100}, 0, True),
+            ({"used_memory": 90, "maxmemory": 100}, 0, True),
+            ({"used_memory": 89, "maxmemory": 100}, 0, False),
+            ({"used_memory": 950, "maxmemory": 0}, 1000, True),
+            ({"used_memory": 950, "maxmemory": 10_000}, 1000, True),
+            ({"used_memory": 950, "maxmemory": 1000}, 10_000, True),
+            ({"used_memory": 950, "maxmemory": 10_000}, 100_000, False),
+            ({"used_memory": 10**12, "maxmemory": 0}, 0, False),
+        ],
+    )
+    def test_memory_pressure_thresholds(
+        self, memory: dict[str, int], budget: int, pressure: bool
+    ) -> None:
+        clock = FakeClock()
+        recovery, _ = _recovery(REDISSPINE_MEMORY_BUDGET_BYTES=budget)
+        scheduler = StubScheduler(clock)
+        scheduler.frontier.client.memory = memory
+        recovery.scheduler = scheduler  # type: ignore[assignment]
+        clock.advance(30)
+        recovery.sweep()
+        assert scheduler.memory_pressure is pressure
+
+    def test_memory_pressure_has_hysteresis(self) -> None:
+        clock = FakeClock()
+        recovery, stats = _recovery()
+        scheduler = StubScheduler(clock)
+        client = scheduler.frontier.client
+        recovery.scheduler = scheduler  # type: ignore[assignment]
+        clock.advance(30)
+        for used, expected in [(50, False), (91, True), (85, True), (80, True), (79, False),
+                               (85, False), (90, True)]:
+            client.memory = {"used_memory": used, "maxmemory": 100}
+            recovery.sweep()
+            assert scheduler.memory_pressure is expected, used
+        assert stats.get_value("redisspine/memory/over_budget") == 1
+        assert stats.get_value("redisspine/memory/used_share") == 0.9
+
+    def test_a_redis_error_marks_redis_down_and_does_not_raise(self) -> None:
+        clock = FakeClock()
+        recovery, stats = _recovery()
+        scheduler = StubScheduler(clock)
+        scheduler.frontier.client.error = redis.ConnectionError("gone")
+        recovery.scheduler = scheduler  # type: ignore[assignment]
+        clock.advance(30)
+        recovery.sweep()
+        assert scheduler.health.down
+        assert not scheduler.health.available()
+        assert stats.get_value("redisspine/redis_errors/sweep") is None  # stub: no on_error
+        assert stats.get_value("redisspine/fleet/workers_alive") == 3, "read before the error"
+
+    def test_does_nothing_before_the_worker_opened(self) -> None:
+        recovery, _ = _recovery()
+        recovery.sweep()
+
+    def test_sweep_seconds_zero_disables_the_extension(self) -> None:
+        crawler = get_crawler(SchedSpider, {"REDISSPINE_SWEEP_SECONDS": 0})
+        with pytest.raises(NotConfigured):
+            Recovery.from_crawler(crawler)
+
+    def test_heartbeat_over_half_the_timeout_is_refused(self) -> None:
+        with pytest.raises(ConfigError, match="REDISSPINE_HEARTBEAT_SECONDS"):
+            load_config(
+                {"REDISSPINE_HEARTBEAT_SECONDS": 16, "REDISSPINE_WORKER_TIMEOUT_SECONDS": 30}
+            )
+        load_config({"REDISSPINE_HEARTBEAT_SECONDS": 15, "REDISSPINE_WORKER_TIMEOUT_SECONDS": 30})
+
+    def test_real_sweep_on_a_real_server(self, real_redis: redis.Redis, redis_url: str) -> None:
+        dead = Frontier(real_redis, KEYS, "dead")
+        dead.enqueue(_requests(b"a", lane="a.example") + _requests(b"b", lane="b.example"))
+        assert len(dead.lease(2).leases) == 2
+        _silence(real_redis, KEYS, "dead")
+        _beat(real_redis, KEYS, "w1")
+        clock = FakeClock()
+        recovery, stats = _recovery()
+        scheduler = StubScheduler(clock, Frontier(real_redis, KEYS, "w1"))
+        recovery.scheduler = scheduler  # type: ignore[assignment]
+        clock.advance(30)
+        recovery.sweep()
+        assert not scheduler.health.down
+        assert dead.counts() == (2, 0)
+        assert scheduler.wakes == 1
+        assert stats.get_value("redisspine/recovery/requeued") == 2
+        assert stats.get_value("redisspine/fleet/requeued") == 2
+        assert stats.get_value("redisspine/fleet/workers_alive") == 1
+        assert scheduler.memory_pressure is False
+        assert not real_redis.exists(KEYS.busy)
+        assert sorted(real_redis.zrange(KEYS.hosts, 0, -1)) == [b"a.example", b"b.example"]
