@@ -3,8 +3,8 @@
 - A 429 or 503 with ``Retry-After`` blocks the host fleet-wide until then (capped by
   ``REDISSPINE_MAX_RETRY_AFTER_SECONDS``), instead of every worker retrying on its own:
   the block travels with the ack of the request that got the answer.
-- A robots.txt ``Crawl-delay`` (Scrapy's ``robots_parsed`` signal, with
-  ``ROBOTSTXT_OBEY``) is learned once per host and shared through Redis.
+- A robots.txt ``Crawl-delay`` (Scrapy's ``robots_parsed`` signal, Scrapy 2.14 and
+  later, with ``ROBOTSTXT_OBEY``) is learned once per host and shared through Redis.
 
 In-flight state itself is not written here: the lease script records a request in
 the in-flight HASH in the same atomic step that takes it off the queue, which no
@@ -64,13 +64,22 @@ class Politeness:
                          crawler.settings.get("ROBOTSTXT_USER_AGENT")
                          or crawler.settings.get("USER_AGENT") or "*")
         crawler.signals.connect(middleware.worker_opened, signal=signals.worker_opened)
-        crawler.signals.connect(middleware.robots_parsed, signal=scrapy_signals.robots_parsed)
+        robots_parsed = getattr(scrapy_signals, "robots_parsed", None)
+        if robots_parsed is not None:  # sent since Scrapy 2.14
+            crawler.signals.connect(middleware.robots_parsed, signal=robots_parsed)
+        elif crawler.settings.getbool("ROBOTSTXT_OBEY"):
+            logger.warning(
+                "redisspine: this Scrapy has no robots_parsed signal (Scrapy >= 2.14 has): "
+                "robots.txt Crawl-delay is not applied fleet-wide"
+            )
         return middleware
 
     def worker_opened(self, scheduler: Scheduler) -> None:
         self.scheduler = scheduler
 
-    def process_response(self, request: Request, response: Response, *args: Any) -> Response:
+    def process_response(
+        self, request: Request, response: Response, *args: Any, **kwargs: Any
+    ) -> Response:  # Scrapy < 2.14 also passes spider=
         if response.status in _RETRY_AFTER_STATUSES and self.scheduler is not None:
             seconds = parse_retry_after(response.headers.get(b"Retry-After"))
             if seconds is not None:

@@ -75,6 +75,7 @@ def _kill_then_finish(
     return run_workers(project_dir, "links", 2, settings, log_dir=log_dir, timeout=120)
 
 
+@pytest.mark.compat
 def test_sigkill_mid_download_loses_nothing(
     project_dir: Path, site_factory: Callable[..., TestSite], crawl_settings: dict[str, Any],
     worker_log_dir: Path,

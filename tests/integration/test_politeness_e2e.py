@@ -55,6 +55,7 @@ def _settings(crawl_settings: dict[str, Any], site: TestSite, **extra: Any) -> d
     return {**crawl_settings, "LINKS_START_URLS": ",".join(site.start_urls()), **extra}
 
 
+@pytest.mark.compat
 def test_three_workers_keep_every_hosts_delay_with_no_overlap(
     project_dir: Path, site_factory: Callable[..., TestSite], crawl_settings: dict[str, Any],
     worker_log_dir: Path,
