@@ -41,7 +41,7 @@ __all__ = ["TestSite", "count_page_fetches", "main", "read_log"]
 
 if TYPE_CHECKING:
     from collections import Counter
-    from collections.abc import Iterable, Sequence
+    from collections.abc import Iterable, Mapping, Sequence
     from types import TracebackType
 
 _PAGE_PATH = re.compile(r"^/p/(\d+)$")
@@ -106,12 +106,19 @@ class TestSite:
         log_path: str | Path | None = None,
         slow_paths: Iterable[str] = (),
         slow_latency: float = 1.0,
+        busy_paths: Mapping[str, float] | None = None,
+        robots_txt: str | None = None,
         port: int = 0,
     ) -> None:
         self.graph = LinkGraph(hosts, pages_per_host, fanout, seed, tracking_params)
         self.latency = latency
         self.slow_paths = frozenset(slow_paths)
         self.slow_latency = slow_latency
+        # "127.0.0.10/p/2" -> seconds: answered once with 429 and that Retry-After.
+        self.busy_paths = dict(busy_paths or {})
+        self._busy_served: set[str] = set()
+        self._busy_lock = threading.Lock()
+        self.robots_txt = robots_txt  # served at /robots.txt by every host (else 404)
         self.log_path = Path(log_path) if log_path is not None else None
         self._wanted_port = port
         self._port: int | None = None
@@ -209,11 +216,12 @@ class TestSite:
         self._delay(server.server_name, urlsplit(handler.path).path)
         record: dict[str, Any] = {
             "host": server.server_name,
+            "host_header": handler.headers.get("Host", ""),
             "path": handler.path,
             "page": page,
             "method": handler.command,
             "start": start,
-            "status": 200 if page else 404,
+            "status": int(response[9:12]),  # from "HTTP/1.1 200 OK"
         }
         try:
             # Hold back the last byte until the request is logged: whoever has a
@@ -230,8 +238,20 @@ class TestSite:
                 handler.wfile.flush()
 
     def _response_for(self, host: int, handler: _PageHandler) -> tuple[str | None, bytes]:
-        """(canonical page URL or None for a 404, raw HTTP response)."""
+        """(canonical page URL or None for a 404/429, raw HTTP response)."""
         head_only = handler.command == "HEAD"
+        busy = f"{handler.server.server_name}{urlsplit(handler.path).path}"
+        if busy in self.busy_paths:
+            with self._busy_lock:
+                first = busy not in self._busy_served
+                self._busy_served.add(busy)
+            if first:
+                seconds = f"{self.busy_paths[busy]:.0f}"
+                return None, _response_bytes(429, "text/plain; charset=utf-8", b"slow down\n",
+                                             head_only, {"Retry-After": seconds})
+        if self.robots_txt is not None and urlsplit(handler.path).path == "/robots.txt":
+            body = self.robots_txt.encode()
+            return None, _response_bytes(200, "text/plain; charset=utf-8", body, head_only)
         match = _PAGE_PATH.match(urlsplit(handler.path).path)
         if match and self.graph.has_page(host, int(match.group(1))):
             page = int(match.group(1))
@@ -255,11 +275,15 @@ class TestSite:
         return f"<html><body>\n{anchors}</body></html>\n"
 
 
-def _response_bytes(status: int, ctype: str, body: bytes, head_only: bool) -> bytes:
+def _response_bytes(
+    status: int, ctype: str, body: bytes, head_only: bool, extra: Mapping[str, str] | None = None
+) -> bytes:
+    extra_lines = "".join(f"{name}: {value}\r\n" for name, value in (extra or {}).items())
     head = (
         f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\n"
         f"Date: {formatdate(usegmt=True)}\r\n"
         f"Content-Type: {ctype}\r\n"
+        f"{extra_lines}"
         f"Content-Length: {len(body)}\r\n\r\n"
     )
     return head.encode("ascii") + (b"" if head_only else body)

@@ -108,3 +108,74 @@ def test_a_host_with_a_deep_backlog_does_not_delay_the_others(
         assert times[-1][1] < slow_done - 3.0, f"{host} waited for the slow host's backlog"
         busy_time = times[-1][1] - times[0][0]
         assert busy_time < len(times) * (0.05 + 0.02 + 0.15), f"{host} was held back"
+
+
+def test_registered_domain_mode_gives_subdomains_one_budget(
+    project_dir: Path, site_factory: Callable[..., TestSite], crawl_settings: dict[str, Any],
+    worker_log_dir: Path,
+) -> None:
+    delay = 0.3
+    site = site_factory(hosts=2, pages_per_host=6, fanout=2, latency=0.05)
+    names = {"a.site.co.uk": "127.0.0.10", "b.site.co.uk": "127.0.0.11"}
+    starts = [f"http://{name}:{site.port}/p/0" for name in names]
+    settings = {
+        **crawl_settings,
+        "LINKS_START_URLS": ",".join(starts),
+        "LINKS_HOST_MAP": names,
+        "DNS_RESOLVER": "testproject.resolver.MappedResolver",
+        "TWISTED_DNS_RESOLVER": "testproject.resolver.MappedResolver",
+        "REDISSPINE_POLITENESS_KEY": "domain",
+        "DOWNLOAD_DELAY": delay,
+    }
+    _finished(run_workers(project_dir, "links", 3, settings, log_dir=worker_log_dir))
+    named = {f"{name}:{site.port}" for name in names}
+    times = sorted(
+        (r["start"], r["end"], r["host_header"]) for r in site.requests()
+        if r.get("host_header") in named and "error" not in r
+    )
+    assert {host for _, _, host in times} == named, "both subdomains were crawled"
+    # One budget for site.co.uk: the two subdomains' fetches never overlap and keep
+    # the delay between them, although they are different hosts to Scrapy.
+    gaps = [later[0] - earlier[1] for earlier, later in pairwise(times)]
+    assert min(gaps) >= delay - CLOCK_SLACK, f"gap {min(gaps):.3f} s across subdomains"
+
+
+def test_retry_after_blocks_the_host_for_the_whole_fleet(
+    project_dir: Path, site_factory: Callable[..., TestSite], crawl_settings: dict[str, Any],
+    worker_log_dir: Path,
+) -> None:
+    site = site_factory(hosts=2, pages_per_host=10, fanout=3, latency=0.02,
+                        busy_paths={"127.0.0.10/p/2": 2.0})
+    settings = _settings(crawl_settings, site, CONCURRENT_REQUESTS=4)
+    results = run_workers(project_dir, "links", 3, settings, log_dir=worker_log_dir)
+    _finished(results)
+    assert set(site.fetch_counts()) == site.all_urls(), "the 429 page was retried and fetched"
+    [busy] = [r for r in site.requests() if r["status"] == 429]
+    after = [r["start"] for r in site.requests()
+             if r["host"] == "127.0.0.10" and r["start"] > busy["end"]]
+    # No worker touched the host again before Retry-After ran out...
+    assert min(after) - busy["end"] >= 2.0 - CLOCK_SLACK, min(after) - busy["end"]
+    # ...while the other host went on being crawled meanwhile.
+    assert any(busy["end"] < r["start"] < busy["end"] + 2.0
+               for r in site.requests() if r["host"] == "127.0.0.11")
+    assert sum(r.stats.get("redisspine/politeness/retry_after", 0) for r in results) == 1
+
+
+def test_robots_crawl_delay_is_learned_once_and_kept_by_the_fleet(
+    project_dir: Path, site_factory: Callable[..., TestSite], crawl_settings: dict[str, Any],
+    worker_log_dir: Path,
+) -> None:
+    crawl_delay = 0.6
+    site = site_factory(hosts=2, pages_per_host=5, fanout=2, latency=0.02,
+                        robots_txt=f"User-agent: *\nCrawl-delay: {crawl_delay}\n")
+    settings = _settings(crawl_settings, site, ROBOTSTXT_OBEY=True)
+    results = run_workers(project_dir, "links", 3, settings, log_dir=worker_log_dir)
+    _finished(results)
+    assert set(site.fetch_counts()) == site.all_urls()
+    for host, times in _by_host(site).items():
+        gaps = [later[0] - earlier[1] for earlier, later in pairwise(times)]
+        # The first fetch of a host may come before any worker has read its
+        # robots.txt; from the second gap on the whole fleet keeps the Crawl-delay.
+        assert min(gaps[1:]) >= crawl_delay - CLOCK_SLACK, f"{host}: {gaps}"
+    learned = sum(r.stats.get("redisspine/politeness/crawl_delays_learned", 0) for r in results)
+    assert learned >= 2
