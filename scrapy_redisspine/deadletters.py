@@ -1,4 +1,4 @@
-"""List and re-inject a crawl's dead letters.
+"""List and re-inject a crawl's dead letters (an alias of ``redisspine dead-letters``).
 
 A request lands in the dead letters when its workers kept dying while holding it
 (``REDISSPINE_MAX_REQUEUES``) or when its payload cannot be rebuilt. Once the cause is
@@ -6,6 +6,8 @@ fixed (a spider bug, a memory limit), put them back:
 
     python -m scrapy_redisspine.deadletters --redis-url redis://host:6379/0 --crawl myspider
     python -m scrapy_redisspine.deadletters --redis-url ... --crawl myspider --reinject
+
+(the same as ``redisspine --redis-url ... dead-letters|requeue-dead myspider``).
 """
 
 from __future__ import annotations
@@ -13,18 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from scrapy_redisspine.connection import client_from_url
-from scrapy_redisspine.frontier import Frontier
-from scrapy_redisspine.keys import CrawlKeys
-from scrapy_redisspine.serialization import SerializationError, loads_any
-
-
-def _describe(payload: bytes) -> str:
-    try:
-        data = loads_any(payload)
-    except SerializationError:
-        return f"<{len(payload)} undecodable bytes>"
-    return f"{data.get('method', 'GET')} {data.get('url')}"
+from scrapy_redisspine import cli
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,19 +29,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limit", type=int, default=100, help="most dead letters to handle")
     parser.add_argument("--reinject", action="store_true", help="put them back in the queue")
     args = parser.parse_args(argv)
-    frontier = Frontier(
-        client_from_url(args.redis_url), CrawlKeys(args.prefix, args.crawl), "deadletters-cli"
-    )
-    letters = frontier.dead_letters(args.limit)
-    for letter in letters:
-        print(f"{letter.field}\tlane={letter.lane or '-'}\t{_describe(letter.payload)}"
-              f"\t{letter.reason}")
-    if args.reinject:
-        count = frontier.reinject_dead(letter.field for letter in letters)
-        print(f"re-injected {count} request(s)")
-    elif not letters:
-        print("no dead letters")
-    return 0
+    command = "requeue-dead" if args.reinject else "dead-letters"
+    return cli.main([
+        "--redis-url", args.redis_url, "--prefix", args.prefix,
+        command, args.crawl, "--limit", str(args.limit),
+    ])
 
 
 if __name__ == "__main__":

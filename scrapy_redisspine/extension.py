@@ -16,7 +16,14 @@ Each sweep also reads Redis memory: past 90 % of ``maxmemory`` (or of
 requests (start requests, retries and redirects still go in) until memory falls
 below 80 %.
 
-Keys touched: workers, owned, inflight, leases, queue, dead, requeues, stats.
+Each sweep, and once more as the worker closes, adds the growth of the worker's
+numeric Scrapy stats to the crawl's ``fleet_stats`` HASH (see ``control.py``).
+
+``FleetLog`` logs, every ``LOGSTATS_INTERVAL``, the fleet's totals beside this
+worker's own, so that any one worker's log tells the whole crawl's progress.
+
+Keys touched: workers, owned, inflight, leases, queue, dead, requeues, stats,
+fleet_stats.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from scrapy.exceptions import NotConfigured
 from twisted.internet import task
 
 from scrapy_redisspine import signals
+from scrapy_redisspine.control import StatsPusher
 from scrapy_redisspine.settings import SpineConfig, load_config
 
 if TYPE_CHECKING:
@@ -53,6 +61,7 @@ class Recovery:
         self.stats = stats
         self.scheduler: Scheduler | None = None
         self._timer: task.LoopingCall | None = None
+        self._pusher: StatsPusher | None = None
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Recovery:
@@ -62,10 +71,13 @@ class Recovery:
         extension = cls(config, crawler.stats)
         crawler.signals.connect(extension.worker_opened, signal=signals.worker_opened)
         crawler.signals.connect(extension.spider_closed, signal=scrapy_signals.spider_closed)
+        crawler.signals.connect(extension.worker_closing, signal=signals.worker_closing)
         return extension
 
     def worker_opened(self, scheduler: Scheduler) -> None:
         self.scheduler = scheduler
+        if scheduler.frontier is not None:
+            self._pusher = StatsPusher(scheduler.frontier.client, scheduler.frontier.keys)
         self._timer = task.LoopingCall(self.sweep)
         self._timer.start(self.config.sweep_seconds, now=False)
 
@@ -73,15 +85,30 @@ class Recovery:
         if self._timer is not None and self._timer.running:
             self._timer.stop()
 
+    def worker_closing(self, scheduler: Scheduler) -> None:
+        """Last push of this worker's stats while its connection is still open."""
+        if self._pusher is None or not scheduler.health.available():
+            return
+        try:
+            self._pusher.push(self.stats.get_stats())
+        except redis.RedisError as exc:
+            scheduler.health.failed("fleet_stats", exc)
+
     def sweep(self) -> None:
         scheduler = self.scheduler
         if scheduler is None or scheduler.frontier is None:
             return
+        if not scheduler.health.available():
+            return
+        try:
+            if self._pusher is not None:
+                self._pusher.push(self.stats.get_stats())
+        except redis.RedisError as exc:
+            scheduler.health.failed("fleet_stats", exc)
+            return
         # After an outage every heartbeat is old; give live workers one timeout to
         # beat again before taking anyone for dead.
         if scheduler.health.healthy_for() < self.config.worker_timeout_seconds:
-            return
-        if not scheduler.health.available():
             return
         try:
             self._sweep_leases(scheduler)
@@ -112,8 +139,12 @@ class Recovery:
 
     def _read_fleet(self, scheduler: Scheduler) -> None:
         assert scheduler.frontier is not None
-        for name, value in scheduler.frontier.fleet_stats().items():
+        counters = scheduler.frontier.fleet_stats()
+        for name, value in counters.items():
             self.stats.set_value(f"redisspine/fleet/{name}", value)
+        scheduler.frontier.record_progress(
+            int(self.stats.get_value("redisspine/scheduler/acked", 0)), counters.get("acked", 0)
+        )
         alive = scheduler.frontier.workers_alive(int(self.config.worker_timeout_seconds * 1000))
         self.stats.set_value("redisspine/fleet/workers_alive", alive)
 
@@ -139,3 +170,53 @@ class Recovery:
             scheduler.memory_pressure = False
             self.stats.set_value("redisspine/memory/over_budget", 0)
             logger.info("redisspine: Redis memory back to %.0f %%: queueing again", share * 100)
+
+
+class FleetLog:
+    """Every ``LOGSTATS_INTERVAL``: the fleet's queued, in flight and live workers,
+    beside this worker's own pages and items (one extra round trip per interval)."""
+
+    def __init__(self, config: SpineConfig, stats: StatsCollector, interval: float) -> None:
+        self.config = config
+        self.stats = stats
+        self.interval = interval
+        self.scheduler: Scheduler | None = None
+        self._timer: task.LoopingCall | None = None
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> FleetLog:
+        interval = crawler.settings.getfloat("LOGSTATS_INTERVAL")
+        if interval <= 0:
+            raise NotConfigured("LOGSTATS_INTERVAL is 0")
+        extension = cls(load_config(crawler.settings), crawler.stats, interval)
+        crawler.signals.connect(extension.worker_opened, signal=signals.worker_opened)
+        crawler.signals.connect(extension.worker_closing, signal=signals.worker_closing)
+        return extension
+
+    def worker_opened(self, scheduler: Scheduler) -> None:
+        self.scheduler = scheduler
+        self._timer = task.LoopingCall(self.log)
+        self._timer.start(self.interval, now=False)
+
+    def worker_closing(self, *_: Any, **__: Any) -> None:
+        if self._timer is not None and self._timer.running:
+            self._timer.stop()
+
+    def log(self) -> None:
+        scheduler = self.scheduler
+        if scheduler is None or scheduler.frontier is None or not scheduler.health.available():
+            return
+        try:
+            queued, inflight = scheduler.frontier.counts()
+            alive = scheduler.frontier.workers_alive(
+                int(self.config.worker_timeout_seconds * 1000)
+            )
+        except redis.RedisError as exc:
+            scheduler.health.failed("fleet_log", exc)
+            return
+        logger.info(
+            "redisspine fleet: %d queued, %d in flight, %d worker(s); this worker: "
+            "%d page(s), %d item(s)", queued, inflight, alive,
+            self.stats.get_value("response_received_count", 0),
+            self.stats.get_value("item_scraped_count", 0),
+        )

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import redis
 
+from scrapy_redisspine.control import record_progress
 from scrapy_redisspine.scripts import ScriptSet
 
 if TYPE_CHECKING:
@@ -46,6 +47,9 @@ EXPECTED_TYPES = {
     "dead": b"hash",
     "workers": b"zset",
     "stats": b"hash",
+    "control": b"hash",
+    "fleet_stats": b"hash",
+    "progress": b"zset",
 }
 
 
@@ -162,7 +166,8 @@ class EnqueueResult:
 class Frontier:
     """One worker's handle on a crawl's shared frontier.
 
-    Keys touched: queue, inflight, leases, seq, seen, starts, dead, workers, stats.
+    Keys touched: queue, inflight, leases, seq, seen, starts, dead, workers, stats,
+    progress.
     """
 
     def __init__(
@@ -394,6 +399,10 @@ class Frontier:
         seconds, micros = self.client.time()
         now_ms = seconds * 1000 + micros // 1000
         return int(self.client.zcount(self.keys.workers, now_ms - timeout_ms, "+inf"))
+
+    def record_progress(self, worker_acks: int, fleet_acks: int) -> None:
+        """Add a rate sample (this worker's and the fleet's acks) to ``progress``."""
+        record_progress(self.client, self.keys, self.worker_id, worker_acks, fleet_acks)
 
     def purge_if_done(self) -> bool:
         """Delete the crawl's keys if nothing is queued or in flight."""

@@ -27,6 +27,9 @@ key                        type    written by                      lifetime
 ``P:{C}:dead``             HASH    bury (script)                   until re-injected
 ``P:{C}:workers``          ZSET    register, heartbeat, leave      whole crawl
 ``P:{C}:stats``            HASH    enqueue, lease, ack (scripts)   whole crawl
+``P:{C}:control``          HASH    ``redisspine`` CLI              until resumed/purged
+``P:{C}:fleet_stats``      HASH    workers (Recovery extension)    whole crawl
+``P:{C}:progress``         ZSET    workers (Recovery extension)    last 5 minutes
 ``P:crawls``               SET     register (script)               until purged
 =========================  ======  ==============================  =====================
 
@@ -58,6 +61,14 @@ key                        type    written by                      lifetime
 - ``dead``: dead letters; field = order key, value = ``reason \\n queue member``.
 - ``workers``: worker id -> last heartbeat (ms).
 - ``stats``: fleet-wide counters (``enqueued``, ``filtered``, ``leased``, ``acked`` ...).
+- ``control``: fleet-wide orders read by every worker once per heartbeat:
+  ``paused`` = 1 (stop leasing, keep what is held), ``drain`` = 1 (stop leasing,
+  finish what is held, exit with reason ``drained``).
+- ``fleet_stats``: the sum of every worker's numeric Scrapy stats (each worker adds
+  its deltas periodically and at close), so tools show totals for the whole fleet.
+- ``progress``: samples for rates; score = Redis time (ms), member =
+  ``ms:worker id:worker acks:fleet acks``; each sweep adds one and trims what is
+  older than five minutes.
 - ``P:crawls`` is the one key outside a crawl's hash tag: the set of crawl ids on this
   Redis, so tools can list crawls without ``KEYS``. Only ``register`` writes it, as a
   separate command (never inside a multi-key script).
@@ -163,6 +174,18 @@ class CrawlKeys:
         return self._key("stats")
 
     @property
+    def control(self) -> str:
+        return self._key("control")
+
+    @property
+    def fleet_stats(self) -> str:
+        return self._key("fleet_stats")
+
+    @property
+    def progress(self) -> str:
+        return self._key("progress")
+
+    @property
     def crawls(self) -> str:
         """The registry of crawl ids: shared by all crawls under this prefix."""
         return f"{self.prefix}:crawls"
@@ -188,4 +211,7 @@ class CrawlKeys:
             self.dead,
             self.workers,
             self.stats,
+            self.control,
+            self.fleet_stats,
+            self.progress,
         )

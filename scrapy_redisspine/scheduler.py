@@ -31,6 +31,7 @@ from twisted.internet import task
 
 from scrapy_redisspine import signals
 from scrapy_redisspine._engine import EngineHooks
+from scrapy_redisspine.control import Orders, close_spider, read_orders
 from scrapy_redisspine.dupefilter import RedisDupeFilter
 from scrapy_redisspine.frontier import Ack, Frontier, Lease, LeaseHandle, NewRequest
 from scrapy_redisspine.health import RedisHealth
@@ -97,6 +98,8 @@ class Scheduler(BaseScheduler):
         self._last_shed_log = 0.0
         self._flush_call: Any = None  # twisted IDelayedCall
         self._timers: list[task.LoopingCall] = []
+        self.orders = Orders()  # fleet-wide pause/drain, read once per heartbeat
+        self._drain_closing = False
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Scheduler:
@@ -168,6 +171,8 @@ class Scheduler(BaseScheduler):
             )
 
     def close(self, reason: str) -> None:
+        if self.crawler is not None:
+            self.crawler.signals.send_catch_log(signals.worker_closing, scheduler=self)
         for timer in self._timers:
             if timer.running:
                 timer.stop()
@@ -250,7 +255,9 @@ class Scheduler(BaseScheduler):
         return True
 
     def next_request(self) -> Request | None:
-        if not self._ready and not self._lease():
+        if self.orders.drain:
+            return None  # unstarted leases go back at close
+        if not self._ready and (self.orders.paused or not self._lease()):
             return None
         request, handle = self._ready.popleft()
         self._handed_out[request] = handle
@@ -261,6 +268,8 @@ class Scheduler(BaseScheduler):
     def has_pending_requests(self) -> bool:
         if self._outbox or self._ready or self._acks or self.config.keep_alive:
             return True
+        if self.orders.stop_leasing:
+            return True  # paused: wait for resume; draining: the heartbeat closes
         if self.health.down:
             return True  # never finish while Redis cannot tell us the fleet is done
         if time.monotonic() - self._fleet_checked_at >= self.config.idle_poll_seconds:
@@ -529,6 +538,25 @@ class Scheduler(BaseScheduler):
         self.health.succeeded()
         if not known:
             self._fenced()
+        self._follow_orders()
+
+    def _follow_orders(self) -> None:
+        assert self.frontier is not None
+        try:
+            orders = read_orders(self.frontier.client, self.frontier.keys)
+        except redis.RedisError as exc:
+            self._redis_failed("control", exc)
+            return
+        if orders != self.orders:
+            logger.info("redisspine: fleet orders now %s", orders)
+            if not orders.stop_leasing:
+                self.wake()
+        self.orders = orders
+        idle = not self._handed_out and not self._drain_closing
+        if orders.drain and idle and self.crawler is not None:
+            self._drain_closing = True
+            logger.info("redisspine: draining: nothing in progress, closing")
+            close_spider(self.crawler, "drained")
 
     def _fenced(self) -> None:
         """Another worker's sweep took this one for dead and requeued its leases."""

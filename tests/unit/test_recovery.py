@@ -985,6 +985,7 @@ class StubFrontier:
         self.sweeps: list[dict[str, int]] = []
         self.result = SweepResult(0, 0, 0)
         self.stats = {"enqueued": 5, "acked": 2}
+        self.progress: list[tuple[int, int]] = []
 
     def requeue_stale(self, **kwargs: int) -> SweepResult:
         self.sweeps.append(kwargs)
@@ -995,6 +996,9 @@ class StubFrontier:
 
     def workers_alive(self, timeout_ms: int) -> int:
         return 3
+
+    def record_progress(self, worker_acks: int, fleet_acks: int) -> None:
+        self.progress.append((worker_acks, fleet_acks))
 
 
 class StubScheduler:

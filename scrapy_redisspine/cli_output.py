@@ -1,0 +1,87 @@
+"""Human-readable output of the ``redisspine`` command (the JSON needs none)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from scrapy_redisspine.serialization import SerializationError, loads_any
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from scrapy_redisspine.frontier import DeadLetter
+
+_FLEET_TOTALS = ("response_received_count", "item_scraped_count", "log_count/ERROR")
+
+
+def describe_payload(payload: bytes) -> str:
+    """``METHOD URL`` of a stored request, or what is wrong with it."""
+    try:
+        data = loads_any(payload)
+    except SerializationError:
+        return f"<{len(payload)} undecodable bytes>"
+    return f"{data.get('method', 'GET')} {data.get('url')}"
+
+
+def print_dead_letters(letters: Sequence[DeadLetter]) -> None:
+    if not letters:
+        print("no dead letters")
+    for letter in letters:
+        print(f"{letter.field}\tlane={letter.lane or '-'}\t{describe_payload(letter.payload)}"
+              f"\t{letter.reason}")
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s"
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
+    cells = [[str(cell) for cell in row] for row in [headers, *rows]]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+            for row in cells]
+
+
+def _state(status: dict[str, Any]) -> str:
+    if status["draining"]:
+        return "DRAINING"
+    return "PAUSED" if status["paused"] else "running"
+
+
+def render_status(status: dict[str, Any]) -> str:
+    rate = status["rate_per_minute"]
+    fleet = status["fleet_stats"]
+    dedup = status["dedup"]
+    lines = [
+        f"crawl {status['crawl']}: {_state(status)}",
+        f"  queued {status['queued']}   in flight {status['in_flight']}   done "
+        f"{status['done']}   dead letters {status['dead_letters']}",
+        f"  rate {'-' if rate is None else f'{rate:.1f}/min'}   "
+        f"ETA {_duration(status['eta_seconds'])}",
+        "  fleet totals: " + ", ".join(f"{name} {fleet.get(name, 0)}" for name in _FLEET_TOTALS),
+        f"  dedup {dedup['mode']}: {dedup['set_size']} fingerprints in the SET, "
+        f"{dedup['memory_bytes'] if dedup['memory_bytes'] is not None else '?'} bytes",
+        "",
+        f"workers: {status['workers_alive']} alive of {status['workers_total']}",
+    ]
+    lines += _table(
+        ["worker", "alive", "heartbeat age", "acks/min"],
+        [[w["id"], "yes" if w["alive"] else "NO", f"{w['heartbeat_age_seconds']}s",
+          "-" if w["acks_per_minute"] is None else w["acks_per_minute"]]
+         for w in status["workers"]],
+    )
+    lines += ["", "top hosts by backlog:"]
+    lines += _table(
+        ["lane", "backlog", "busy", "next due", "crawl-delay"],
+        [[h["lane"], h["backlog"], h["busy"], f"{h['next_due_in_seconds']}s",
+          "-" if h["crawl_delay_seconds"] is None else f"{h['crawl_delay_seconds']}s"]
+         for h in status["hosts"]],
+    )
+    if status["errors"]:
+        lines += ["", "errors:"]
+        lines += [f"  {name}: {value}" for name, value in status["errors"].items()]
+    return "\n".join(lines)

@@ -1,0 +1,119 @@
+"""Fleet-wide orders (pause, resume, drain) and fleet-wide Scrapy stats.
+
+The ``redisspine`` command writes orders into the crawl's ``control`` HASH; every
+worker reads it once per heartbeat (never per request). Paused workers lease nothing
+and keep what they hold; draining workers lease nothing, finish what is in progress,
+return their unstarted leases and close with the reason ``drained``.
+
+Each worker adds the growth of its numeric Scrapy stats since its last push into the
+``fleet_stats`` HASH (periodically and at close), so the HASH sums the whole fleet.
+
+Each sweep also adds a sample (this worker's acks, the fleet's acks) to the
+``progress`` ZSET, from which ``redisspine status`` computes rates over a minute.
+
+Keys touched: control, fleet_stats, progress.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    import redis
+    from scrapy.crawler import Crawler
+
+    from scrapy_redisspine.keys import CrawlKeys
+
+logger = logging.getLogger(__name__)
+
+PROGRESS_WINDOW_MS = 300_000  # samples kept for rates
+
+PAUSED = "paused"
+DRAIN = "drain"
+
+
+@dataclass(frozen=True)
+class Orders:
+    """What the fleet was told to do, as read from the ``control`` HASH."""
+
+    paused: bool = False
+    drain: bool = False
+
+    @property
+    def stop_leasing(self) -> bool:
+        return self.paused or self.drain
+
+
+def read_orders(client: redis.Redis, keys: CrawlKeys) -> Orders:
+    raw: dict[bytes, bytes] = client.hgetall(keys.control)  # type: ignore[assignment]
+    return Orders(paused=raw.get(PAUSED.encode()) == b"1", drain=raw.get(DRAIN.encode()) == b"1")
+
+
+def give_order(client: redis.Redis, keys: CrawlKeys, order: str, on: bool) -> None:
+    """Set (or clear) ``paused`` or ``drain`` for every worker of the crawl."""
+    if order not in (PAUSED, DRAIN):
+        raise ValueError(f"unknown order {order!r}")
+    if on:
+        client.hset(keys.control, order, "1")
+    else:
+        client.hdel(keys.control, order)
+
+
+def close_spider(crawler: Crawler, reason: str) -> None:
+    """Ask the engine to close the spider (API differs across Scrapy versions)."""
+    engine: Any = crawler.engine
+    if engine is None:
+        return
+    if hasattr(engine, "close_spider_async"):
+        from scrapy.utils.defer import deferred_from_coro
+
+        deferred_from_coro(engine.close_spider_async(reason=reason))
+    else:
+        engine.close_spider(crawler.spider, reason)
+
+
+class StatsPusher:
+    """Adds a worker's numeric stats deltas to the fleet's ``fleet_stats`` HASH."""
+
+    def __init__(self, client: redis.Redis, keys: CrawlKeys) -> None:
+        self.client = client
+        self.keys = keys
+        self._pushed: dict[str, float] = {}
+
+    def push(self, stats: Mapping[str, Any]) -> int:
+        """Send what grew since the last push; return how many fields changed."""
+        deltas: dict[str, int | float] = {}
+        for name, value in stats.items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                continue
+            delta = value - self._pushed.get(name, 0)
+            if delta:
+                deltas[name] = delta
+        if not deltas:
+            return 0
+        pipe = self.client.pipeline(transaction=False)
+        for name, delta in deltas.items():
+            if isinstance(delta, int):
+                pipe.hincrby(self.keys.fleet_stats, name, delta)
+            else:
+                pipe.hincrbyfloat(self.keys.fleet_stats, name, delta)
+        pipe.execute()
+        for name, delta in deltas.items():
+            self._pushed[name] = self._pushed.get(name, 0) + delta
+        return len(deltas)
+
+
+def record_progress(
+    client: redis.Redis, keys: CrawlKeys, worker_id: str, worker_acks: int, fleet_acks: int
+) -> None:
+    """Add a rate sample at Redis time and forget samples past the window."""
+    seconds, micros = client.time()
+    now_ms = seconds * 1000 + micros // 1000
+    pipe = client.pipeline(transaction=False)
+    pipe.zadd(keys.progress, {f"{now_ms}:{worker_id}:{worker_acks}:{fleet_acks}": now_ms})
+    pipe.zremrangebyscore(keys.progress, "-inf", now_ms - PROGRESS_WINDOW_MS)
+    pipe.execute()

@@ -1,0 +1,209 @@
+"""A crawl's state as ``redisspine status`` shows it, read with bounded commands only.
+
+Every read is O(1), a ZRANGE/ZRANGEBYSCORE with a LIMIT, or an HSCAN that stops
+after a fixed number of fields, so ``status`` never blocks Redis on a large crawl:
+counts come from ZCARD/HLEN, the top hosts from one bounded HSCAN of ``backlog``.
+
+Keys read: queue, inflight, dead, stats, fleet_stats, workers, progress, backlog,
+busy, hosts, host_next, host_delay, seen, dedup, bloom, control.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import redis
+
+from scrapy_redisspine.control import read_orders
+
+if TYPE_CHECKING:
+    from scrapy_redisspine.keys import CrawlKeys
+
+RATE_WINDOW_MS = 60_000
+_MAX_SAMPLES = 5000
+_MAX_WORKERS = 100
+_MAX_STAT_FIELDS = 2000
+_BACKLOG_SCAN_FIELDS = 10_000
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else value
+
+
+def _number(value: bytes | str | None) -> int | float:
+    if value is None:
+        return 0
+    number = float(value)
+    return int(number) if number.is_integer() else number
+
+
+def crawl_exists(client: redis.Redis, keys: CrawlKeys) -> bool:
+    """The crawl is registered or still has any of its main keys."""
+    if client.sismember(keys.crawls, keys.crawl_id):
+        return True
+    return bool(client.exists(keys.queue, keys.inflight, keys.stats, keys.workers, keys.dead))
+
+
+def list_crawls(client: redis.Redis, registry: str, limit: int = 1000) -> list[str]:
+    """Crawl ids in the ``registry`` SET (SSCAN, at most ``limit``)."""
+    names: list[str] = []
+    for member in client.sscan_iter(registry, count=200):
+        names.append(_text(member))
+        if len(names) >= limit:
+            break
+    return sorted(names)
+
+
+def _scan_hash(client: redis.Redis, key: str, limit: int) -> dict[str, bytes]:
+    fields: dict[str, bytes] = {}
+    for field, value in client.hscan_iter(key, count=500):
+        fields[_text(field)] = value
+        if len(fields) >= limit:
+            break
+    return fields
+
+
+@dataclass(frozen=True)
+class Sample:
+    ms: int
+    worker: str
+    worker_acks: int
+    fleet_acks: int
+
+    @classmethod
+    def parse(cls, member: bytes | str) -> Sample | None:
+        parts = _text(member).rsplit(":", 2)
+        head = parts[0].split(":", 1) if len(parts) == 3 else []
+        try:
+            return cls(int(head[0]), head[1], int(parts[1]), int(parts[2]))
+        except (IndexError, ValueError):
+            return None
+
+
+def _rates(samples: list[Sample], now_ms: int, acked: int) -> tuple[float | None, dict[str, float]]:
+    """Fleet acks per minute (now vs the oldest sample) and each worker's."""
+    if not samples:
+        return None, {}
+    first = samples[0]
+    fleet = None
+    if now_ms - first.ms >= 1000:
+        fleet = (acked - first.fleet_acks) * 60_000 / (now_ms - first.ms)
+    per_worker: dict[str, list[Sample]] = {}
+    for sample in samples:
+        per_worker.setdefault(sample.worker, []).append(sample)
+    workers = {}
+    for worker, own in per_worker.items():
+        span = own[-1].ms - own[0].ms
+        if span >= 1000:
+            workers[worker] = (own[-1].worker_acks - own[0].worker_acks) * 60_000 / span
+    return fleet, workers
+
+
+def _hosts(client: redis.Redis, keys: CrawlKeys, top: int, now_ms: int) -> list[dict[str, Any]]:
+    backlog = _scan_hash(client, keys.backlog, _BACKLOG_SCAN_FIELDS)
+    lanes = sorted(backlog, key=lambda lane: -int(backlog[lane]))[:top]
+    if not lanes:
+        return []
+    pipe = client.pipeline(transaction=False)
+    pipe.hmget(keys.busy, lanes)
+    pipe.zmscore(keys.hosts, lanes)
+    pipe.hmget(keys.host_next, lanes)
+    pipe.hmget(keys.host_delay, lanes)
+    busy, due, rest, delay = pipe.execute()
+    rows = []
+    for i, lane in enumerate(lanes):
+        next_ms = max(float(due[i] or 0), float(rest[i] or 0))
+        rows.append({
+            "lane": lane,
+            "backlog": int(backlog[lane]),
+            "busy": int(busy[i] or 0),
+            "next_due_in_seconds": round(max(0.0, next_ms - now_ms) / 1000, 1),
+            "crawl_delay_seconds": float(delay[i]) if delay[i] is not None else None,
+        })
+    return rows
+
+
+def _dedup(client: redis.Redis, keys: CrawlKeys) -> dict[str, Any]:
+    mode = client.hget(keys.dedup, "mode")
+    seen = client.scard(keys.seen)
+    pipe = client.pipeline(transaction=False)
+    pipe.memory_usage(keys.seen)
+    pipe.memory_usage(keys.bloom)
+    try:
+        memory: int | None = sum(int(size or 0) for size in pipe.execute())
+    except redis.ResponseError:  # MEMORY disabled (rename-command) or unsupported
+        memory = None
+    return {
+        "mode": _text(mode) if mode else "set",
+        "set_size": int(seen),  # type: ignore[arg-type]
+        "memory_bytes": memory,
+    }
+
+
+def _workers(
+    client: redis.Redis, keys: CrawlKeys, now_ms: int, timeout_ms: int, rates: dict[str, float]
+) -> list[dict[str, Any]]:
+    rows = []
+    beats: list[tuple[bytes, float]] = client.zrevrange(  # type: ignore[assignment]
+        keys.workers, 0, _MAX_WORKERS - 1, withscores=True
+    )
+    for member, score in beats:
+        worker = _text(member)
+        rows.append({
+            "id": worker,
+            "last_heartbeat_ms": int(score),
+            "heartbeat_age_seconds": round((now_ms - score) / 1000, 1),
+            "alive": now_ms - score <= timeout_ms,
+            "acks_per_minute": round(rates[worker], 1) if worker in rates else None,
+        })
+    return rows
+
+
+def _errors(fleet: dict[str, int | float]) -> dict[str, int | float]:
+    markers = ("log_count/ERROR", "downloader/exception_type_count/", "spider_exceptions/",
+               "downloader/response_status_count/4", "downloader/response_status_count/5")
+    return {name: value for name, value in fleet.items() if name.startswith(markers)}
+
+
+def read_status(
+    client: redis.Redis, keys: CrawlKeys, *, timeout_ms: int = 30_000, top_hosts: int = 10
+) -> dict[str, Any]:
+    """The crawl's state as a JSON-ready dict (the shape of ``status --json``)."""
+    seconds, micros = client.time()
+    now_ms = seconds * 1000 + micros // 1000
+    pipe = client.pipeline(transaction=False)
+    pipe.zcard(keys.queue)
+    pipe.hlen(keys.inflight)
+    pipe.hlen(keys.dead)
+    pipe.zcard(keys.workers)
+    pipe.zrangebyscore(keys.progress, now_ms - RATE_WINDOW_MS, "+inf", 0, _MAX_SAMPLES)
+    queued, inflight, dead, workers_total, raw_samples = pipe.execute()
+    counters = {k: _number(v) for k, v in _scan_hash(client, keys.stats, 100).items()}
+    raw_fleet = _scan_hash(client, keys.fleet_stats, _MAX_STAT_FIELDS)
+    fleet = {name: _number(value) for name, value in sorted(raw_fleet.items())}
+    samples = [s for s in map(Sample.parse, raw_samples) if s is not None]
+    done = int(counters.get("acked", 0))
+    rate, worker_rates = _rates(samples, now_ms, done)
+    workers = _workers(client, keys, now_ms, timeout_ms, worker_rates)
+    orders = read_orders(client, keys)
+    return {
+        "crawl": keys.crawl_id,
+        "time_ms": now_ms,
+        "queued": int(queued),
+        "in_flight": int(inflight),
+        "done": done,
+        "dead_letters": int(dead),
+        "rate_per_minute": round(rate, 1) if rate is not None else None,
+        "eta_seconds": round(int(queued) * 60 / rate) if rate else None,
+        "paused": orders.paused,
+        "draining": orders.drain,
+        "workers_alive": sum(1 for w in workers if w["alive"]),
+        "workers_total": int(workers_total),
+        "workers": workers,
+        "hosts": _hosts(client, keys, top_hosts, now_ms),
+        "dedup": _dedup(client, keys),
+        "counters": counters,
+        "fleet_stats": fleet,
+        "errors": _errors(fleet),
+    }

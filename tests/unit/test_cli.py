@@ -1,0 +1,242 @@
+"""The ``redisspine`` command, run in-process against the session's real redis-server."""
+
+from __future__ import annotations
+
+import io
+import json
+from typing import TYPE_CHECKING
+
+import pytest
+
+from scrapy_redisspine import cli, deadletters
+from scrapy_redisspine.control import StatsPusher, read_orders, record_progress
+from scrapy_redisspine.frontier import Frontier, NewRequest
+from scrapy_redisspine.keys import CrawlKeys
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    import redis
+
+KEYS = CrawlKeys("redisspine", "books")
+
+
+@pytest.fixture(autouse=True)
+def _outside_any_project(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    for name in ("REDISSPINE_REDIS_URL", "REDIS_URL", "SCRAPY_SETTINGS_MODULE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.chdir(tmp_path)
+
+
+def run(url: str, *args: str) -> int:
+    return cli.main(["--redis-url", url, *args])
+
+
+def _seed(url: str, *urls: str) -> None:
+    assert run(url, "seed", "books", *urls) == 0
+
+
+def test_seed_file_reports_malformed_lines_and_adds_the_good_ones(
+    redis_url: str, real_redis: redis.Redis, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    urls = tmp_path / "urls.txt"
+    urls.write_text("http://a.test/1\n\nnot a url\nhttp://b.test/2\nftp://c.test/x\n"
+                    "http://a.test/1\n")
+    assert run(redis_url, "seed", "books", "--file", str(urls)) == cli.EXIT_PARTIAL
+    out, err = capsys.readouterr()
+    assert "line 3" in err
+    assert "'not a url'" in err
+    assert "line 5" in err
+    assert "2 new, 1 already seen, 2 malformed" in out
+    assert real_redis.zcard(KEYS.queue) == 2
+    assert real_redis.sismember(KEYS.crawls, "books")
+
+
+def test_seed_from_stdin_goes_through_the_crawl_dedup(
+    redis_url: str, real_redis: redis.Redis, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    _seed(redis_url, "http://a.test/1")
+    monkeypatch.setattr("sys.stdin", io.StringIO("http://a.test/1\nhttp://a.test/2\n"))
+    assert run(redis_url, "seed", "books", "--file", "-") == 0
+    assert "1 new, 1 already seen, 0 malformed" in capsys.readouterr().out
+    assert real_redis.zcard(KEYS.queue) == 2
+
+
+def test_seed_without_urls_is_a_usage_error(redis_url: str) -> None:
+    assert run(redis_url, "seed", "books") == cli.EXIT_USAGE
+
+
+def test_status_json_shape(
+    redis_url: str, real_redis: redis.Redis, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _seed(redis_url, "http://a.test/1", "http://a.test/2", "http://b.test/1")
+    frontier = Frontier(real_redis, KEYS, "w1")
+    frontier.register(flush=False, alive_ms=30_000)
+    batch = frontier.lease(1)
+    frontier.ack([batch.leases[0].handle])
+    StatsPusher(real_redis, KEYS).push({"response_received_count": 3, "log_count/ERROR": 1})
+    StatsPusher(real_redis, KEYS).push({"response_received_count": 2})
+    record_progress(real_redis, KEYS, "w1", 0, 0)
+    capsys.readouterr()
+    assert run(redis_url, "status", "books", "--json") == 0
+    status = json.loads(capsys.readouterr().out)
+    assert status["queued"] == 2
+    assert status["in_flight"] == 0
+    assert status["done"] == 1
+    assert status["dead_letters"] == 0
+    assert status["workers_alive"] == 1
+    assert [w["id"] for w in status["workers"]] == ["w1"]
+    assert status["fleet_stats"]["response_received_count"] == 5
+    assert status["errors"] == {"log_count/ERROR": 1}
+    assert status["dedup"]["mode"] == "set"
+    assert status["dedup"]["set_size"] == 3
+    assert {h["lane"]: h["backlog"] for h in status["hosts"]} == {"a.test": 1, "b.test": 1}
+    assert status["paused"] is False
+    assert set(status) >= {"rate_per_minute", "eta_seconds", "counters", "time_ms"}
+
+
+def test_status_table_is_readable(redis_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    _seed(redis_url, "http://a.test/1")
+    capsys.readouterr()
+    assert run(redis_url, "status", "books") == 0
+    out = capsys.readouterr().out
+    assert "crawl books: running" in out
+    assert "queued 1" in out
+    assert "a.test" in out
+
+
+def test_unknown_crawl_is_a_clear_error(
+    redis_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _seed(redis_url, "http://a.test/1")
+    for command in ("status", "pause", "drain", "dead-letters", "purge"):
+        assert run(redis_url, command, "nope") == cli.EXIT_USAGE
+        err = capsys.readouterr().err
+        assert "no crawl 'nope'" in err
+        assert "crawls here: books" in err
+
+
+def test_unreachable_redis_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run("redis://127.0.0.1:1/0", "status", "books") == cli.EXIT_UNREACHABLE
+    assert "cannot reach Redis at redis://127.0.0.1:1/0" in capsys.readouterr().err
+
+
+def test_pause_resume_drain_set_the_control_hash(
+    redis_url: str, real_redis: redis.Redis
+) -> None:
+    _seed(redis_url, "http://a.test/1")
+    assert run(redis_url, "pause", "books") == 0
+    assert read_orders(real_redis, KEYS).paused
+    assert run(redis_url, "drain", "books") == 0
+    assert read_orders(real_redis, KEYS).drain
+    assert run(redis_url, "resume", "books") == 0
+    orders = read_orders(real_redis, KEYS)
+    assert not orders.paused
+    assert not orders.drain
+
+
+def test_purge_asks_for_confirmation(
+    redis_url: str, real_redis: redis.Redis, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    _seed(redis_url, "http://a.test/1")
+    assert run(redis_url, "pause", "books") == 0
+    monkeypatch.setattr("builtins.input", lambda prompt: "n")
+    assert run(redis_url, "purge", "books") == cli.EXIT_PARTIAL
+    assert real_redis.zcard(KEYS.queue) == 1
+    asked: list[str] = []
+    monkeypatch.setattr("builtins.input", lambda prompt: asked.append(prompt) or "y")
+    assert run(redis_url, "purge", "books") == 0
+    assert "books" in asked[0]
+    assert not real_redis.exists(*KEYS.all_crawl_keys())
+    assert not real_redis.sismember(KEYS.crawls, "books")
+    capsys.readouterr()
+    assert run(redis_url, "list") == 0
+    assert "no crawls" in capsys.readouterr().out
+
+
+def test_purge_yes_does_not_ask(
+    redis_url: str, real_redis: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _seed(redis_url, "http://a.test/1")
+
+    def refuse(prompt: str) -> str:
+        raise AssertionError("asked")
+
+    monkeypatch.setattr("builtins.input", refuse)
+    assert run(redis_url, "purge", "books", "--yes") == 0
+    assert not real_redis.exists(KEYS.queue)
+
+
+def test_list_shows_crawls(redis_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    _seed(redis_url, "http://a.test/1")
+    assert run(redis_url, "seed", "other", "http://a.test/1") == 0
+    capsys.readouterr()
+    assert run(redis_url, "list") == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split("\t")[0] for line in lines] == ["books", "other"]
+    assert "1 queued" in lines[0]
+
+
+def _bury_one(real_redis: redis.Redis) -> None:
+    frontier = Frontier(real_redis, KEYS, "w1")
+    frontier.register(flush=False, alive_ms=30_000)
+    frontier.push([NewRequest(b"junk", b"f" * 20, 0, lane="a.test")])
+    lease = frontier.lease(1).leases[0]
+    assert frontier.bury(lease.handle, "spider bug")
+
+
+def test_dead_letters_and_requeue(
+    redis_url: str, real_redis: redis.Redis, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _bury_one(real_redis)
+    assert run(redis_url, "dead-letters", "books") == 0
+    out = capsys.readouterr().out
+    assert "spider bug" in out
+    assert "lane=a.test" in out
+    assert run(redis_url, "requeue-dead", "books") == 0
+    assert "re-injected 1 request(s)" in capsys.readouterr().out
+    assert real_redis.hlen(KEYS.dead) == 0
+    assert real_redis.zcard(KEYS.queue) == 1
+
+
+def test_deadletters_module_is_an_alias(
+    redis_url: str, real_redis: redis.Redis, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _bury_one(real_redis)
+    assert deadletters.main(["--redis-url", redis_url, "--crawl", "books", "--reinject"]) == 0
+    assert "re-injected 1" in capsys.readouterr().out
+
+
+def test_redis_url_from_environment(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _seed(redis_url, "http://a.test/1")
+    monkeypatch.setenv("REDIS_URL", "redis://127.0.0.1:1/0")
+    monkeypatch.setenv("REDISSPINE_REDIS_URL", redis_url)
+    assert cli.main(["list"]) == 0
+    assert "books" in capsys.readouterr().out
+
+
+def test_no_redis_configured_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["list"]) == cli.EXIT_USAGE
+    assert "no Redis to talk to" in capsys.readouterr().err
+
+
+def test_status_watch_refreshes_until_interrupted(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _seed(redis_url, "http://a.test/1")
+    sleeps: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        if len(sleeps) == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr("scrapy_redisspine.cli.time.sleep", sleep)
+    capsys.readouterr()
+    assert run(redis_url, "status", "books", "--watch", "2") == 130
+    assert sleeps == [2.0, 2.0]
+    assert capsys.readouterr().out.count("crawl books: running") == 2
