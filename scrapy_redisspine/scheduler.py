@@ -94,7 +94,7 @@ class Scheduler(BaseScheduler):
             on_error=lambda op: self.stats.inc_value(f"redisspine/redis_errors/{op}")
         )
         self.memory_pressure = False
-        self._lease_reply_lost = False
+        self._reconcile_leases = False
         self._last_shed_log = 0.0
         self._flush_call: Any = None  # twisted IDelayedCall
         self._timers: list[task.LoopingCall] = []
@@ -301,12 +301,10 @@ class Scheduler(BaseScheduler):
         count = max(1, min(free, self.config.lease_batch_size))
         while not self._ready and self.health.available():
             try:
-                if self._lease_reply_lost:
+                if self._reconcile_leases:
                     self._release_orphans()
                 batch = self.frontier.lease(count)
             except redis.RedisError as exc:
-                # Redis may have run the lease and lost only the reply.
-                self._lease_reply_lost = True
                 self._redis_failed("lease", exc)
                 return False
             self.health.succeeded()
@@ -330,10 +328,11 @@ class Scheduler(BaseScheduler):
         known += [key for key, _ in self._handed_out.values()]
         known += [ack[0] for ack in self._acks]
         released = self.frontier.release_orphans(known)
-        self._lease_reply_lost = False
+        self._reconcile_leases = False
         if released:
             logger.warning(
-                "redisspine: returned %d lease(s) whose lease reply was lost in the outage",
+                "redisspine: returned %d lease(s) this worker did not hold (a lease reply "
+                "or an ack lost in the outage)",
                 released,
             )
 
@@ -457,6 +456,10 @@ class Scheduler(BaseScheduler):
                 )
             self.memory_pressure = True  # the recovery sweep clears it below 80 %
             return
+        # After any failure, Redis and this worker may disagree on its leases: a reply
+        # lost after Redis ran a lease, or a restart that lost the last writes (acks
+        # included). The next lease first returns leases this worker does not hold.
+        self._reconcile_leases = True
         self.health.failed(operation, exc)
 
     def _shed_outbox(self) -> None:
