@@ -49,7 +49,13 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
 def _state(status: dict[str, Any]) -> str:
     if status["draining"]:
         return "DRAINING"
-    return "PAUSED" if status["paused"] else "running"
+    if status["paused"]:
+        return "PAUSED"
+    if not status["queued"] and not status["in_flight"]:
+        return "idle: nothing queued or in flight" + (
+            "" if status["workers_alive"] else ", no worker alive"
+        )
+    return "running" if status["workers_alive"] else "waiting for workers"
 
 
 def render_status(status: dict[str, Any]) -> str:

@@ -101,7 +101,7 @@ def test_status_table_is_readable(redis_url: str, capsys: pytest.CaptureFixture[
     capsys.readouterr()
     assert run(redis_url, "status", "books") == 0
     out = capsys.readouterr().out
-    assert "crawl books: running" in out
+    assert "crawl books: waiting for workers" in out
     assert "queued 1" in out
     assert "a.test" in out
 
@@ -239,4 +239,4 @@ def test_status_watch_refreshes_until_interrupted(
     capsys.readouterr()
     assert run(redis_url, "status", "books", "--watch", "2") == 130
     assert sleeps == [2.0, 2.0]
-    assert capsys.readouterr().out.count("crawl books: running") == 2
+    assert capsys.readouterr().out.count("crawl books: waiting for workers") == 2
