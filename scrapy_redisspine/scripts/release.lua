@@ -26,6 +26,7 @@ local owner, concurrency = ARGV[1], tonumber(ARGV[2])
 local time = redis.call("TIME")
 local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 -- #include hosts
+-- #include putback
 
 local released = 0
 for i = 3, #ARGV, 2 do
@@ -33,16 +34,7 @@ for i = 3, #ARGV, 2 do
     local prefix = owner .. "\n" .. token .. "\n"
     local entry = redis.call("HGET", inflight, key)
     if entry and string.sub(entry, 1, #prefix) == prefix then
-        local member = string.sub(entry, #prefix + 1)
-        redis.call("ZADD", queue, 0, member)
-        redis.call("HDEL", inflight, key)
-        redis.call("ZREM", leases, key)
-        redis.call("ZREM", owned, owner .. "\n" .. key)
-        local lane = member_lane(member)
-        if lane then
-            redis.call("HINCRBY", backlog, lane, 1)
-            host_released(lane, nil)
-        end
+        put_back(owner, key, string.sub(entry, #prefix + 1))
         released = released + 1
     end
 end

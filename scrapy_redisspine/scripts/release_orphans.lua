@@ -27,6 +27,7 @@ local owner, limit, concurrency = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local time = redis.call("TIME")
 local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 -- #include hosts
+-- #include putback
 
 local known = {}
 for i = 4, #ARGV do
@@ -42,18 +43,12 @@ for _, owned_member in ipairs(held) do
         if entry then
             local owner_end = string.find(entry, "\n", 1, true)
             local token_end = string.find(entry, "\n", owner_end + 1, true)
-            local member = string.sub(entry, token_end + 1)
-            redis.call("ZADD", queue, 0, member)
-            redis.call("HDEL", inflight, key)
-            local lane = member_lane(member)
-            if lane then
-                redis.call("HINCRBY", backlog, lane, 1)
-                host_released(lane, nil)
-            end
+            put_back(owner, key, string.sub(entry, token_end + 1))
             released = released + 1
+        else
+            redis.call("ZREM", leases, key)
+            redis.call("ZREM", owned, owned_member)
         end
-        redis.call("ZREM", leases, key)
-        redis.call("ZREM", owned, owned_member)
     end
 end
 if released > 0 then

@@ -75,3 +75,4 @@ local function host_released(lane, rest_ms)
     end
     host_schedule(lane)
 end
+
