@@ -1,0 +1,307 @@
+"""Crawl the same local site with plain Scrapy, scrapy-redis and scrapy_redisspine.
+
+One command runs every configuration side by side, interleaved, several times, each
+run on a fresh test site and a fresh throwaway redis-server, and prints the medians:
+
+    .venv/bin/python benchmarks/crawl_compare.py
+
+Configurations (``--modes``): ``scrapy`` (plain Scrapy, one process), ``spine1``,
+``spine2``, ``spine4`` (K ``scrapy crawl`` workers with this plugin), ``redis1``
+(scrapy-redis, one process). scrapy-redis runs from a separate virtualenv,
+``benchmarks/.venv-bench`` (git-ignored), which is created on first use with::
+
+    python3 -m venv benchmarks/.venv-bench
+    benchmarks/.venv-bench/bin/pip install scrapy==<this venv's Scrapy> scrapy-redis redis -e .
+
+It is never a dependency of the package. ``--rtt-ms 1`` adds, for every spine and
+scrapy-redis mode, the same run with Redis behind ``latency_proxy.py`` (half the RTT
+each way), reported as e.g. ``spine1@1ms`` next to its loopback twin.
+
+Per run: pages fetched (from the site's own request log), duplicates (fetches beyond
+the first of a page), missing pages, wall time (first worker started to last worker
+exited, so it includes Scrapy's start-up), crawl span (first fetch started to last
+fetch ended), pages/s over both, Redis round trips per page counted client-side by
+``_worker.py`` (one per command or pipeline sent by redis-py; commands run inside Lua
+scripts are not round trips), Redis commands executed per page (``INFO stats``
+``total_commands_processed`` delta: includes the ones inside scripts), ``EVALSHA``
+calls per page (``INFO commandstats``), and CPU seconds per page of the workers and of
+redis-server (``INFO cpu`` delta).
+
+Fairness: plain Scrapy allows ``CONCURRENT_REQUESTS_PER_DOMAIN`` (8 in the test
+project) requests per host at once; the spine enforces its own fleet-wide limit, so
+the spine modes set ``REDISSPINE_HOST_CONCURRENCY`` to the same value.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from scrapy_redisspine.testing.redis_server import RedisServer  # noqa: E402
+from scrapy_redisspine.testing.site import TestSite  # noqa: E402
+from tests.integration.crawlproc import crawl_command, parse_stats, worker_env  # noqa: E402
+
+PROJECT = ROOT / "tests" / "integration" / "project"
+BENCH_VENV = ROOT / "benchmarks" / ".venv-bench"
+WORKER = ROOT / "benchmarks" / "_worker.py"
+PROXY = ROOT / "benchmarks" / "latency_proxy.py"
+PER_HOST = 8  # the test project's CONCURRENT_REQUESTS_PER_DOMAIN
+MODES = ("scrapy", "spine1", "spine2", "redis1")
+
+
+def bench_python() -> str:
+    """The bench venv's python, created with scrapy-redis on first use."""
+    python = BENCH_VENV / "bin" / "python"
+    if not python.exists():
+        import scrapy
+
+        print(f"creating {BENCH_VENV} (scrapy-redis, benchmarks only)", flush=True)
+        subprocess.run([sys.executable, "-m", "venv", str(BENCH_VENV)], check=True)
+        # Keep git and ruff out of it (Python < 3.13 venvs have no .gitignore).
+        (BENCH_VENV / ".gitignore").write_text("*\n")
+        subprocess.run([str(python), "-m", "pip", "install", "-q",
+                        f"scrapy=={scrapy.__version__}", "scrapy-redis", "redis",
+                        "-e", str(ROOT)], check=True)
+    return str(python)
+
+
+class Proxy:
+    """``latency_proxy.py`` in its own process (it must not share our GIL)."""
+
+    def __init__(self, target_port: int, delay: float) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, str(PROXY), "--target-port", str(target_port),
+             "--delay", str(delay)], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
+        assert self.process.stdout is not None
+        self.port = int(json.loads(self.process.stdout.readline())["port"])
+
+    def close(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=10)
+
+
+def _info(client: Any) -> dict[str, Any]:
+    info = client.info("all")
+    return {
+        "commands": int(info["total_commands_processed"]),
+        "evalsha": int(info.get("cmdstat_evalsha", {}).get("calls", 0))
+        + int(info.get("cmdstat_evalsha_ro", {}).get("calls", 0)),
+        "cpu": float(info["used_cpu_user"]) + float(info["used_cpu_sys"]),
+    }
+
+
+def mode_settings(mode: str, redis_url: str, site: TestSite, run_id: str) -> dict[str, Any]:
+    settings: dict[str, Any] = {"LINKS_START_URLS": ",".join(site.start_urls())}
+    if mode == "scrapy":
+        settings["ADDONS"] = {}
+    elif mode.startswith("spine"):
+        settings.update({
+            "REDISSPINE_REDIS_URL": redis_url,
+            "REDISSPINE_CRAWL_ID": f"bench-{run_id}",
+            "REDISSPINE_HOST_CONCURRENCY": PER_HOST,
+        })
+    elif mode.startswith("redis"):
+        settings.update({
+            "ADDONS": {},
+            "SCHEDULER": "scrapy_redis.scheduler.Scheduler",
+            "DUPEFILTER_CLASS": "scrapy_redis.dupefilter.RFPDupeFilter",
+            "REDIS_URL": redis_url,
+            "SCHEDULER_PERSIST": False,
+            "SCHEDULER_QUEUE_KEY": f"bench-{run_id}:requests",
+            "SCHEDULER_DUPEFILTER_KEY": f"bench-{run_id}:dupefilter",
+        })
+    else:
+        raise ValueError(f"unknown mode {mode!r}")
+    return settings
+
+
+def workers_of(mode: str) -> int:
+    digits = "".join(ch for ch in mode if ch.isdigit())
+    return int(digits) if digits else 1
+
+
+def one_run(mode: str, args: argparse.Namespace, run_id: str, rtt_ms: float) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmp_name, RedisServer() as server, \
+            TestSite(hosts=args.hosts, pages_per_host=args.pages, fanout=args.fanout,
+                     latency=args.latency) as site:
+        tmp = Path(tmp_name)
+        proxy = Proxy(server.port or 0, rtt_ms / 2000) if rtt_ms else None
+        url = f"redis://127.0.0.1:{proxy.port}/0" if proxy else server.url
+        try:
+            client = server.client()
+            before = _info(client)
+            python = bench_python() if mode.startswith("redis") else sys.executable
+            argv = crawl_command("links", mode_settings(mode, url, site, run_id))
+            argv = [python, str(WORKER), *argv[3:]]  # [python -m scrapy] -> _worker.py
+            k = workers_of(mode)
+            started = time.monotonic()
+            processes = []
+            for index in range(k):
+                env = worker_env({"BENCH_WORKER_REPORT": str(tmp / f"w{index}.json")})
+                log = tmp / f"w{index}.log"
+                with open(tmp / f"w{index}.out", "wb") as out:
+                    processes.append(subprocess.Popen(
+                        [*argv, "-s", f"LOG_FILE={log}", "-s", "LOG_FILE_APPEND=False"],
+                        cwd=PROJECT, env=env, stdin=subprocess.DEVNULL, stdout=out,
+                        stderr=subprocess.STDOUT))
+            for process in processes:
+                try:
+                    process.wait(timeout=args.timeout)
+                except subprocess.TimeoutExpired:
+                    for other in processes:
+                        other.kill()
+                    raise
+            wall = time.monotonic() - started
+            after = _info(client)
+            client.close()
+        finally:
+            if proxy:
+                proxy.close()
+        reasons, round_trips, worker_cpu = [], 0, 0.0
+        for index in range(k):
+            stats = parse_stats((tmp / f"w{index}.log").read_text(errors="replace"))
+            reasons.append(stats.get("finish_reason"))
+            report_path = tmp / f"w{index}.json"
+            if report_path.exists():
+                report = json.loads(report_path.read_text())
+                round_trips += report["round_trips"]
+                worker_cpu += report["cpu"]
+            if stats.get("finish_reason") != "finished":
+                tail = (tmp / f"w{index}.out").read_text(errors="replace")[-1500:]
+                print(f"  {mode} worker {index}: finish_reason "
+                      f"{stats.get('finish_reason')!r}\n{tail}", flush=True)
+        records = [r for r in site.requests()
+                   if r.get("page") and r["method"] == "GET" and r["status"] == 200
+                   and "error" not in r]
+        fetched = {r["page"] for r in records}
+        expected = site.all_urls()
+        pages = len(records)
+        span = (max(r["end"] for r in records) - min(r["start"] for r in records)
+                if records else float("nan"))
+        per_page = max(len(fetched), 1)
+        # The runner's own two INFO calls are not the workers'.
+        commands = after["commands"] - before["commands"] - 1
+        return {
+            "mode": mode + (f"@{rtt_ms:g}ms" if rtt_ms else ""),
+            "workers": k,
+            "finished": all(reason == "finished" for reason in reasons),
+            "expected": len(expected),
+            "pages": pages,
+            "duplicates": pages - len(fetched),
+            "missing": len(expected - fetched),
+            "wall_s": wall,
+            "span_s": span,
+            "pages_per_s_wall": len(fetched) / wall,
+            "pages_per_s_span": len(fetched) / span,
+            "round_trips_per_page": round_trips / per_page,
+            "redis_commands_per_page": commands / per_page,
+            "evalsha_per_page": (after["evalsha"] - before["evalsha"]) / per_page,
+            "worker_cpu_ms_per_page": 1000 * worker_cpu / per_page,
+            "redis_cpu_ms_per_page": 1000 * (after["cpu"] - before["cpu"]) / per_page,
+        }
+
+
+COLUMNS = [
+    ("mode", "{}"), ("pages", "{:.0f}"), ("duplicates", "{:.0f}"), ("missing", "{:.0f}"),
+    ("wall_s", "{:.2f}"), ("pages_per_s_wall", "{:.0f}"), ("span_s", "{:.2f}"),
+    ("pages_per_s_span", "{:.0f}"), ("round_trips_per_page", "{:.2f}"),
+    ("redis_commands_per_page", "{:.1f}"), ("evalsha_per_page", "{:.2f}"),
+    ("worker_cpu_ms_per_page", "{:.2f}"), ("redis_cpu_ms_per_page", "{:.3f}"),
+]
+
+
+def summarize(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The median of every numeric column per mode, in first-seen order."""
+    by_mode: dict[str, list[dict[str, Any]]] = {}
+    for result in results:
+        by_mode.setdefault(result["mode"], []).append(result)
+    rows = []
+    for mode, runs in by_mode.items():
+        row: dict[str, Any] = {"mode": mode, "runs": len(runs),
+                               "all_finished": all(r["finished"] for r in runs)}
+        for name, _ in COLUMNS[1:]:
+            row[name] = statistics.median(r[name] for r in runs)
+        row["max_duplicates"] = max(r["duplicates"] for r in runs)
+        row["max_missing"] = max(r["missing"] for r in runs)
+        rows.append(row)
+    return rows
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    names = [name for name, _ in COLUMNS]
+    print("| " + " | ".join(names) + " |")
+    print("|" + "---|" * len(names))
+    for row in rows:
+        print("| " + " | ".join(fmt.format(row[name]) for name, fmt in COLUMNS) + " |")
+
+
+def print_ratios(results: list[dict[str, Any]], base: str = "scrapy") -> None:
+    """Per repetition, each mode's pages/s over the base's in the same repetition."""
+    reps: dict[int, dict[str, dict[str, Any]]] = {}
+    for result in results:
+        reps.setdefault(result["rep"], {})[result["mode"]] = result
+    for key in ("pages_per_s_span", "pages_per_s_wall"):
+        ratios: dict[str, list[float]] = {}
+        for rep in reps.values():
+            for mode, result in rep.items():
+                if base in rep and mode != base:
+                    ratios.setdefault(f"{mode}/{base}", []).append(
+                        result[key] / rep[base][key])
+                if "@" in mode and mode.split("@")[0] in rep:
+                    ratios.setdefault(f"{mode}/{mode.split('@')[0]}", []).append(
+                        result[key] / rep[mode.split("@")[0]][key])
+        text = ", ".join(f"{name} {statistics.median(values):.2f}"
+                         f" [{min(values):.2f}-{max(values):.2f}]"
+                         for name, values in ratios.items())
+        print(f"median ratios of {key} (same repetition): {text}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--hosts", type=int, default=20)
+    parser.add_argument("--pages", type=int, default=100, help="pages per host")
+    parser.add_argument("--fanout", type=int, default=5)
+    parser.add_argument("--latency", type=float, default=0.02, help="site seconds/response")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--rtt-ms", type=float, default=0.0,
+                        help="also run the Redis modes with this RTT added by a proxy")
+    parser.add_argument("--timeout", type=float, default=600)
+    parser.add_argument("--json", help="write every run's numbers here")
+    args = parser.parse_args(argv)
+    modes = [m for m in args.modes.split(",") if m]
+    plan = [(mode, 0.0) for mode in modes]
+    if args.rtt_ms:
+        plan += [(mode, args.rtt_ms) for mode in modes if mode != "scrapy"]
+    results = []
+    for rep in range(args.runs):
+        for mode, rtt in plan:
+            result = one_run(mode, args, f"{rep}-{mode}-{time.time_ns()}", rtt)
+            result["rep"] = rep
+            results.append(result)
+            print(json.dumps(result), flush=True)
+    rows = summarize(results)
+    print(f"\nmedians of {args.runs} run(s); site: {args.hosts} hosts x {args.pages} pages, "
+          f"fan-out {args.fanout}, {1000 * args.latency:g} ms per response")
+    print_table(rows)
+    print_ratios(results)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"runs": results, "medians": rows}, indent=1))
+    bad = [r for r in results if not r["finished"] or r["duplicates"] or r["missing"]]
+    for result in bad:
+        print(f"INCOMPLETE OR DUPLICATED: {result['mode']} rep {result['rep']}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

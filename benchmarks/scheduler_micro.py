@@ -1,0 +1,206 @@
+"""Scheduler micro-benchmark: enqueue, lease and ack N requests, no downloader.
+
+Drives the scheduler objects directly, as Scrapy's engine would, for Scrapy's own
+memory queue (``scrapy``), its disk queue (``scrapy-disk``, a ``JOBDIR``),
+scrapy-redis's priority queue (``scrapy-redis``, from ``benchmarks/.venv-bench``, see
+``crawl_compare.py``) and this plugin (``spine``). N requests spread over ~100 hosts
+(``http://h<i % hosts>.example/p/<i>``, all new), all enqueued first, then taken one
+by one with ``next_request()``; for the spine each taken request is acked as the
+engine does when it is done with it (``_on_request_done``: one round trip per ack,
+which also carries any requests that page yielded), with 16 free download slots so a
+lease takes up to 16 requests in one round trip. Redis memory per queued request is
+the ``used_memory`` growth after the enqueue phase, divided by N.
+
+    .venv/bin/python benchmarks/scheduler_micro.py             # N=20000, 5 runs
+    .venv/bin/python benchmarks/scheduler_micro.py --rtt-ms 1  # also Redis 1 ms away
+
+Every implementation runs in its own process, interleaved, on a fresh redis-server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+IMPLS = ("scrapy", "scrapy-disk", "scrapy-redis", "spine")
+SLOTS = 16
+
+
+class _Hooks:
+    """Stands in for the engine: 16 free download slots, wake-ups ignored."""
+
+    def free_download_slots(self) -> int:
+        return SLOTS
+
+    def wake(self) -> None:
+        pass
+
+    def uninstall(self) -> None:
+        pass
+
+
+def _requests(n: int, hosts: int) -> list[Any]:
+    import scrapy
+
+    return [scrapy.Request(f"http://h{i % hosts}.example/p/{i}") for i in range(n)]
+
+
+def child(impl: str, n: int, hosts: int, redis_url: str) -> dict[str, Any]:
+    """Run one implementation in this process; return its timings."""
+    import redis
+    import scrapy
+    from scrapy.utils.test import get_crawler
+
+    class BenchSpider(scrapy.Spider):
+        name = "bench"
+
+        def parse(self, response: Any) -> None:
+            pass
+
+    # Scrapy's default DownloaderAwarePriorityQueue needs a running engine's
+    # downloader; the classic per-priority queue does not.
+    settings: dict[str, Any] = {"LOG_LEVEL": "ERROR", "TELNETCONSOLE_ENABLED": False,
+                                "SCHEDULER_PRIORITY_QUEUE": "scrapy.pqueues.ScrapyPriorityQueue"}
+    tmp = tempfile.mkdtemp(prefix="micro-")
+    if impl == "scrapy-disk":
+        settings["JOBDIR"] = tmp
+    elif impl == "scrapy-redis":
+        settings.update({"REDIS_URL": redis_url,
+                         "SCHEDULER": "scrapy_redis.scheduler.Scheduler",
+                         "DUPEFILTER_CLASS": "scrapy_redis.dupefilter.RFPDupeFilter"})
+    elif impl == "spine":
+        settings.update({"REDISSPINE_REDIS_URL": redis_url, "REDISSPINE_CRAWL_ID": "micro",
+                         "ADDONS": {"scrapy_redisspine.Addon": 0}})
+    crawler = get_crawler(BenchSpider, settings)
+    spider = BenchSpider.from_crawler(crawler)
+    crawler.spider = spider
+    if impl == "scrapy-redis":
+        from scrapy_redis.scheduler import (  # type: ignore[import-not-found]
+            Scheduler as RedisScheduler,
+        )
+
+        scheduler: Any = RedisScheduler.from_crawler(crawler)
+    elif impl == "spine":
+        from scrapy_redisspine.scheduler import Scheduler as SpineScheduler
+
+        scheduler = SpineScheduler.from_crawler(crawler)
+        scheduler.crawler = None  # no engine to hook into: _Hooks stands in below
+    else:
+        from scrapy.core.scheduler import Scheduler as ScrapyScheduler
+
+        scheduler = ScrapyScheduler.from_crawler(crawler)
+    scheduler.open(spider)
+    if impl == "spine":
+        scheduler._hooks = _Hooks()
+    client = redis.Redis.from_url(redis_url)
+    requests = _requests(n, hosts)
+    memory_before = int(client.info("memory")["used_memory"])
+    started = time.perf_counter()
+    for request in requests:
+        scheduler.enqueue_request(request)
+    if impl == "spine":
+        scheduler._try_flush()  # the outbox's last partial batch
+    enqueued = time.perf_counter()
+    memory = int(client.info("memory")["used_memory"]) - memory_before
+    taken = 0
+    while True:
+        request = scheduler.next_request()
+        if request is None:
+            break
+        taken += 1
+        if impl == "spine":
+            scheduler._on_request_done(request)
+    done = time.perf_counter()
+    close = scheduler.close("finished")
+    del close
+    client.close()
+    return {
+        "impl": impl,
+        "n": n,
+        "taken": taken,
+        "enqueue_s": enqueued - started,
+        "drain_s": done - enqueued,
+        "requests_per_s": n / (done - started),
+        "redis_bytes_per_request": memory / n if impl in ("scrapy-redis", "spine") else None,
+    }
+
+
+def run_child(impl: str, args: argparse.Namespace, rtt_ms: float) -> dict[str, Any]:
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.crawl_compare import Proxy, bench_python
+    from scrapy_redisspine.testing.redis_server import RedisServer
+
+    with RedisServer() as server:
+        proxy = Proxy(server.port or 0, rtt_ms / 2000) if rtt_ms else None
+        url = f"redis://127.0.0.1:{proxy.port}/0" if proxy else server.url
+        python = bench_python() if impl == "scrapy-redis" else sys.executable
+        try:
+            out = subprocess.run(
+                [python, __file__, "--child", impl, "--n", str(args.n),
+                 "--hosts", str(args.hosts), "--redis-url", url],
+                check=True, capture_output=True, text=True, timeout=args.timeout,
+                cwd=tempfile.gettempdir(),
+            )
+        except subprocess.CalledProcessError as exc:
+            raise SystemExit(f"{impl} failed:\n{exc.stderr[-3000:]}") from None
+        finally:
+            if proxy:
+                proxy.close()
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    if rtt_ms:
+        result["impl"] += f"@{rtt_ms:g}ms"
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--impls", default=",".join(IMPLS))
+    parser.add_argument("--n", type=int, default=20000)
+    parser.add_argument("--hosts", type=int, default=100)
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--rtt-ms", type=float, default=0.0)
+    parser.add_argument("--timeout", type=float, default=600)
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--redis-url", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(child(args.child, args.n, args.hosts, args.redis_url)))
+        return 0
+    impls = [impl for impl in args.impls.split(",") if impl]
+    plan = [(impl, 0.0) for impl in impls]
+    if args.rtt_ms:
+        plan += [(impl, args.rtt_ms) for impl in impls if impl in ("scrapy-redis", "spine")]
+    results: dict[str, list[dict[str, Any]]] = {}
+    for run in range(args.runs):
+        for impl, rtt in plan:
+            result = run_child(impl, args, rtt)
+            if result["taken"] != args.n:
+                print(f"{result['impl']}: took {result['taken']} of {args.n}!", flush=True)
+            print(json.dumps({"run": run, **result}), flush=True)
+            results.setdefault(result["impl"], []).append(result)
+    print(f"\nmedians of {args.runs} run(s), N={args.n} over {args.hosts} hosts")
+    print("| scheduler | requests/s (enqueue+lease+ack) | enqueue s | lease+ack s "
+          "| Redis bytes/queued request | vs scrapy |")
+    print("|---|---|---|---|---|---|")
+    base = statistics.median(r["requests_per_s"] for r in results.get("scrapy", [{}]) or [{}]) \
+        if "scrapy" in results else None
+    for impl, runs in results.items():
+        rate = statistics.median(r["requests_per_s"] for r in runs)
+        memories = [r["redis_bytes_per_request"] for r in runs if r["redis_bytes_per_request"]]
+        memory = f"{statistics.median(memories):.0f}" if memories else "-"
+        ratio = f"{rate / base:.2f}" if base else "-"
+        print(f"| {impl} | {rate:,.0f} | {statistics.median(r['enqueue_s'] for r in runs):.3f} "
+              f"| {statistics.median(r['drain_s'] for r in runs):.3f} | {memory} | {ratio} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,45 @@
+"""CI smoke run of the crawl benchmark: tiny size, ours only, completeness not speed.
+
+Keeps ``benchmarks/crawl_compare.py`` (and the latency proxy it uses for the
+remote-Redis runs) from rotting: every reachable page fetched, none twice.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _load_runner() -> ModuleType:
+    path = ROOT / "benchmarks" / "crawl_compare.py"
+    spec = importlib.util.spec_from_file_location("bench_crawl_compare", path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(("mode", "rtt_ms"), [("spine1", 0.0), ("spine2", 0.0), ("spine1", 1.0)])
+def test_crawl_benchmark_smoke(mode: str, rtt_ms: float) -> None:
+    runner = _load_runner()
+    args = argparse.Namespace(hosts=4, pages=10, fanout=4, latency=0.0, timeout=50)
+    result = runner.one_run(mode, args, f"smoke-{mode}-{rtt_ms:g}", rtt_ms)
+    assert result["finished"], result
+    assert result["expected"] == 40
+    assert result["missing"] == 0, result
+    assert result["duplicates"] == 0, result
+    assert result["pages"] == 40
+    assert result["round_trips_per_page"] > 0  # the counting wrapper ran
