@@ -85,6 +85,20 @@ class Proxy:
         assert self.process.stdout is not None
         self.port = int(json.loads(self.process.stdout.readline())["port"])
 
+    def measured_rtt_ms(self, pings: int = 200) -> float:
+        """The median PING round trip through the proxy (its own overhead included)."""
+        import redis
+
+        client = redis.Redis(host="127.0.0.1", port=self.port)
+        client.ping()
+        times = []
+        for _ in range(pings):
+            started = time.perf_counter()
+            client.ping()
+            times.append(time.perf_counter() - started)
+        client.close()
+        return 1000 * statistics.median(times)
+
     def close(self) -> None:
         self.process.terminate()
         self.process.wait(timeout=10)
@@ -135,8 +149,11 @@ def one_run(mode: str, args: argparse.Namespace, run_id: str, rtt_ms: float) -> 
             TestSite(hosts=args.hosts, pages_per_host=args.pages, fanout=args.fanout,
                      latency=args.latency) as site:
         tmp = Path(tmp_name)
-        proxy = Proxy(server.port or 0, rtt_ms / 2000) if rtt_ms else None
+        delay = getattr(args, "proxy_delay_ms", None)
+        one_way = (delay if delay is not None else rtt_ms / 2) / 1000
+        proxy = Proxy(server.port or 0, one_way) if rtt_ms else None
         url = f"redis://127.0.0.1:{proxy.port}/0" if proxy else server.url
+        measured_rtt = proxy.measured_rtt_ms() if proxy else 0.0
         try:
             client = server.client()
             before = _info(client)
@@ -194,6 +211,7 @@ def one_run(mode: str, args: argparse.Namespace, run_id: str, rtt_ms: float) -> 
         return {
             "mode": mode + (f"@{rtt_ms:g}ms" if rtt_ms else ""),
             "workers": k,
+            "measured_rtt_ms": measured_rtt,
             "finished": all(reason == "finished" for reason in reasons),
             "expected": len(expected),
             "pages": pages,
@@ -276,6 +294,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--rtt-ms", type=float, default=0.0,
                         help="also run the Redis modes with this RTT added by a proxy")
+    parser.add_argument("--proxy-delay-ms", type=float, default=None,
+                        help="the proxy's one-way delay (default: half of --rtt-ms); the "
+                        "proxy itself adds ~0.25 ms per round trip, see measured_rtt_ms")
     parser.add_argument("--timeout", type=float, default=600)
     parser.add_argument("--json", help="write every run's numbers here")
     args = parser.parse_args(argv)
