@@ -220,10 +220,10 @@ class Frontier:
         flushed, alive = self._scripts["register"](
             keys=keys, args=[self.worker_id, "1" if flush else "0", alive_ms]
         )
-        if not self.client.sismember(self.keys.crawls, self.keys.crawl_id):
-            # A full Redis refuses this; the registry of crawl ids can wait.
-            with contextlib.suppress(redis.exceptions.OutOfMemoryError):
-                self.client.sadd(self.keys.crawls, self.keys.crawl_id)
+        # SADD is idempotent: no membership check first. A full Redis refuses it; the
+        # registry of crawl ids can wait.
+        with contextlib.suppress(redis.exceptions.OutOfMemoryError):
+            self.client.sadd(self.keys.crawls, self.keys.crawl_id)
         return bool(flushed), int(alive)
 
     def heartbeat(self, timeout_ms: int = 30_000) -> bool:

@@ -32,13 +32,12 @@ local concurrency = tonumber(ARGV[5])
 local time = redis.call("TIME")
 local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 -- #include hosts
-local prefix = owner .. "\n" .. token .. "\n"
+-- #include entry
 
-local entry = redis.call("HGET", inflight, key)
-if not entry or string.sub(entry, 1, #prefix) ~= prefix then
+local member = fenced_member(key, owner, token)
+if not member then
     return 0
 end
-local member = string.sub(entry, #prefix + 1)
 redis.call("HSET", dead, key, reason .. "\n" .. member)
 redis.call("HDEL", inflight, key)
 redis.call("ZREM", leases, key)

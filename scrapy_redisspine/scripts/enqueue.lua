@@ -51,18 +51,18 @@ local first_request = 6 + 3 * n_acks
 local time = redis.call("TIME")
 local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 -- #include hosts
+-- #include entry
 
 local acked = 0
 for i = 6, 5 + 3 * n_acks, 3 do
     local key, token, rest_ms = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2])
-    local prefix = owner .. "\n" .. token .. "\n"
-    local entry = redis.call("HGET", inflight, key)
-    if entry and string.sub(entry, 1, #prefix) == prefix then
+    local member = fenced_member(key, owner, token)
+    if member then
         redis.call("HDEL", inflight, key)
         redis.call("ZREM", leases, key)
         redis.call("ZREM", owned, owner .. "\n" .. key)
         redis.call("HDEL", requeues, key)
-        local lane = member_lane(string.sub(entry, #prefix + 1))
+        local lane = member_lane(member)
         if lane then
             host_released(lane, rest_ms)
         end

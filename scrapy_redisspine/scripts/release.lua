@@ -27,14 +27,14 @@ local time = redis.call("TIME")
 local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 -- #include hosts
 -- #include putback
+-- #include entry
 
 local released = 0
 for i = 3, #ARGV, 2 do
     local key, token = ARGV[i], ARGV[i + 1]
-    local prefix = owner .. "\n" .. token .. "\n"
-    local entry = redis.call("HGET", inflight, key)
-    if entry and string.sub(entry, 1, #prefix) == prefix then
-        put_back(owner, key, string.sub(entry, #prefix + 1))
+    local member = fenced_member(key, owner, token)
+    if member then
+        put_back(owner, key, member)
         released = released + 1
     end
 end

@@ -28,6 +28,7 @@ local time = redis.call("TIME")
 local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 -- #include hosts
 -- #include putback
+-- #include entry
 
 local known = {}
 for i = 4, #ARGV do
@@ -41,9 +42,8 @@ for _, owned_member in ipairs(held) do
     if not known[key] then
         local entry = redis.call("HGET", inflight, key)
         if entry then
-            local owner_end = string.find(entry, "\n", 1, true)
-            local token_end = string.find(entry, "\n", owner_end + 1, true)
-            put_back(owner, key, string.sub(entry, token_end + 1))
+            local _, member = entry_parts(entry)
+            put_back(owner, key, member)
             released = released + 1
         else
             redis.call("ZREM", leases, key)

@@ -40,6 +40,7 @@ local hosts, busy, backlog, host_next = KEYS[9], KEYS[10], KEYS[11], KEYS[12]
 local time = redis.call("TIME")
 local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 -- #include hosts
+-- #include entry
 -- #include requeue
 local counts = { q = 0, d = 0 }
 local budget = limit

@@ -1,6 +1,6 @@
 --[[
 requeue library: put one lease back in the queue, or into the dead letters once it
-was requeued too often. Requires lib/hosts.lua included first, and the locals
+was requeued too often. Requires lib/hosts.lua and lib/entry.lua included first, and the locals
 queue, inflight, leases, owned, requeues, dead (keys), max_requeues (number) and
 rest_ms (how long the lane rests: its dead worker may have been mid-fetch).
 
@@ -13,10 +13,7 @@ local function requeue_lease(key, reason)
         redis.call("ZREM", leases, key)
         return ""
     end
-    local owner_end = string.find(entry, "\n", 1, true)
-    local token_end = string.find(entry, "\n", owner_end + 1, true)
-    local owner = string.sub(entry, 1, owner_end - 1)
-    local member = string.sub(entry, token_end + 1)
+    local owner, member = entry_parts(entry)
     redis.call("HDEL", inflight, key)
     redis.call("ZREM", leases, key)
     redis.call("ZREM", owned, owner .. "\n" .. key)

@@ -1,0 +1,22 @@
+--[[
+entry library: read in-flight entries ("owner \n token \n queue member"), so the
+fencing rule lives in one place. Requires the local `inflight` (HASH key).
+
+fenced_member(key, owner, token) -> the queue member if the lease `key` is still
+held by `owner` under `token`, else nil (acked, requeued, or leased again since).
+entry_parts(entry) -> owner, queue member.
+]]
+local function fenced_member(key, owner, token)
+    local prefix = owner .. "\n" .. token .. "\n"
+    local entry = redis.call("HGET", inflight, key)
+    if entry and string.sub(entry, 1, #prefix) == prefix then
+        return string.sub(entry, #prefix + 1)
+    end
+    return nil
+end
+
+local function entry_parts(entry)
+    local owner_end = string.find(entry, "\n", 1, true)
+    local token_end = string.find(entry, "\n", owner_end + 1, true)
+    return string.sub(entry, 1, owner_end - 1), string.sub(entry, token_end + 1)
+end
