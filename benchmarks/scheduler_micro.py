@@ -53,7 +53,27 @@ def _requests(n: int, hosts: int) -> list[Any]:
     return [scrapy.Request(f"http://h{i % hosts}.example/p/{i}") for i in range(n)]
 
 
-def child(impl: str, n: int, hosts: int, redis_url: str) -> dict[str, Any]:
+def _settings(impl: str, redis_url: str, extra: str) -> dict[str, Any]:
+    # Scrapy's default DownloaderAwarePriorityQueue needs a running engine's
+    # downloader; the classic per-priority queue does not.
+    settings: dict[str, Any] = {"LOG_LEVEL": "ERROR", "TELNETCONSOLE_ENABLED": False,
+                                "SCHEDULER_PRIORITY_QUEUE": "scrapy.pqueues.ScrapyPriorityQueue"}
+    if impl == "scrapy-disk":
+        settings["JOBDIR"] = tempfile.mkdtemp(prefix="micro-")
+    elif impl == "scrapy-redis":
+        settings.update({"REDIS_URL": redis_url,
+                         "SCHEDULER": "scrapy_redis.scheduler.Scheduler",
+                         "DUPEFILTER_CLASS": "scrapy_redis.dupefilter.RFPDupeFilter"})
+    elif impl == "spine":
+        settings.update(dict(item.split("=", 1) for item in extra.split(",") if item))
+        settings.update({"REDISSPINE_REDIS_URL": redis_url, "REDISSPINE_CRAWL_ID": "micro",
+                         "ADDONS": {"scrapy_redisspine.Addon": 0}})
+    return settings
+
+
+def child(
+    impl: str, n: int, hosts: int, redis_url: str, extra: str = ""
+) -> dict[str, Any]:
     """Run one implementation in this process; return its timings."""
     import redis
     import scrapy
@@ -65,20 +85,7 @@ def child(impl: str, n: int, hosts: int, redis_url: str) -> dict[str, Any]:
         def parse(self, response: Any) -> None:
             pass
 
-    # Scrapy's default DownloaderAwarePriorityQueue needs a running engine's
-    # downloader; the classic per-priority queue does not.
-    settings: dict[str, Any] = {"LOG_LEVEL": "ERROR", "TELNETCONSOLE_ENABLED": False,
-                                "SCHEDULER_PRIORITY_QUEUE": "scrapy.pqueues.ScrapyPriorityQueue"}
-    tmp = tempfile.mkdtemp(prefix="micro-")
-    if impl == "scrapy-disk":
-        settings["JOBDIR"] = tmp
-    elif impl == "scrapy-redis":
-        settings.update({"REDIS_URL": redis_url,
-                         "SCHEDULER": "scrapy_redis.scheduler.Scheduler",
-                         "DUPEFILTER_CLASS": "scrapy_redis.dupefilter.RFPDupeFilter"})
-    elif impl == "spine":
-        settings.update({"REDISSPINE_REDIS_URL": redis_url, "REDISSPINE_CRAWL_ID": "micro",
-                         "ADDONS": {"scrapy_redisspine.Addon": 0}})
+    settings = _settings(impl, redis_url, extra)
     crawler = get_crawler(BenchSpider, settings)
     spider = BenchSpider.from_crawler(crawler)
     crawler.spider = spider
@@ -139,12 +146,15 @@ def run_child(impl: str, args: argparse.Namespace, rtt_ms: float) -> dict[str, A
     from scrapy_redisspine.testing.redis_server import RedisServer
 
     with RedisServer() as server:
-        proxy = Proxy(server.port or 0, rtt_ms / 2000) if rtt_ms else None
+        delay = args.proxy_delay_ms
+        one_way = (delay if delay is not None else rtt_ms / 2) / 1000
+        proxy = Proxy(server.port or 0, one_way) if rtt_ms else None
         url = f"redis://127.0.0.1:{proxy.port}/0" if proxy else server.url
+        measured_rtt = proxy.measured_rtt_ms() if proxy else 0.0
         python = bench_python() if impl == "scrapy-redis" else sys.executable
         try:
             out = subprocess.run(
-                [python, __file__, "--child", impl, "--n", str(args.n),
+                [python, __file__, "--child", impl, "--n", str(args.n), "--settings", args.settings,
                  "--hosts", str(args.hosts), "--redis-url", url],
                 check=True, capture_output=True, text=True, timeout=args.timeout,
                 cwd=tempfile.gettempdir(),
@@ -157,6 +167,7 @@ def run_child(impl: str, args: argparse.Namespace, rtt_ms: float) -> dict[str, A
     result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
     if rtt_ms:
         result["impl"] += f"@{rtt_ms:g}ms"
+        result["measured_rtt_ms"] = measured_rtt
     return result
 
 
@@ -166,13 +177,20 @@ def main() -> int:
     parser.add_argument("--n", type=int, default=20000)
     parser.add_argument("--hosts", type=int, default=100)
     parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--rtt-ms", type=float, default=0.0)
+    parser.add_argument("--rtt-ms", type=float, default=0.0,
+                        help="also run the Redis schedulers with this RTT added by a proxy")
+    parser.add_argument("--proxy-delay-ms", type=float, default=None,
+                        help="the proxy's one-way delay (default: half of --rtt-ms); the "
+                        "proxy itself adds ~0.25 ms per round trip, see measured_rtt_ms")
+    parser.add_argument("--settings", default="",
+                        help="extra settings for the spine, NAME=VALUE,... (e.g. "
+                        "REDISSPINE_LOCAL_REQUEST_CACHE=0)")
     parser.add_argument("--timeout", type=float, default=600)
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--redis-url", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(child(args.child, args.n, args.hosts, args.redis_url)))
+        print(json.dumps(child(args.child, args.n, args.hosts, args.redis_url, args.settings)))
         return 0
     impls = [impl for impl in args.impls.split(",") if impl]
     plan = [(impl, 0.0) for impl in impls]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import redis
 
@@ -163,6 +163,28 @@ class EnqueueResult:
         return self.statuses.count("+")
 
 
+#: (script name, keys, args) of one script call.
+_Call = tuple[str, list[str], list[bytes | str | int]]
+
+
+def _enqueue_result(reply: Any) -> EnqueueResult:
+    statuses, acked = reply
+    if isinstance(statuses, bytes):
+        statuses = statuses.decode()
+    return EnqueueResult(statuses, int(acked))
+
+
+def _lease_batch(reply: Any) -> LeaseBatch:
+    members, token, requeued, delays, queued, inflight, malformed, wait_ms = reply
+    token = str(int(token))
+    leases = []
+    for member, times, delay in zip(members, requeued, delays, strict=True):
+        lane, key, payload = split_member(member)
+        leases.append(Lease(key, token, payload, int(times), lane,
+                            float(delay) if delay else None))
+    return LeaseBatch(leases, int(queued), int(inflight), int(malformed), int(wait_ms))
+
+
 class Frontier:
     """One worker's handle on a crawl's shared frontier.
 
@@ -244,6 +266,12 @@ class Frontier:
         An ack may carry how long its lane must rest from now (ms): the end of a fetch
         plus the lane's delay, or a Retry-After block.
         """
+        keys, args = self._enqueue_call(requests, acks)
+        return _enqueue_result(self._scripts["enqueue"](keys=keys, args=args))
+
+    def _enqueue_call(
+        self, requests: Sequence[NewRequest], acks: Sequence[Ack | LeaseHandle]
+    ) -> tuple[list[str], list[bytes | str | int]]:
         args: list[bytes | str | int] = [
             self.order, self.worker_id, len(acks), self.concurrency, self.backlog_cap,
         ]
@@ -255,16 +283,11 @@ class Frontier:
                 priority_key(request.priority), request.payload,
             ]
         k = self.keys
-        statuses, acked = self._scripts["enqueue"](
-            keys=[
-                k.queue, k.seq, k.seen, k.starts, k.inflight, k.leases, k.stats, k.dedup,
-                k.bloom, k.owned, k.requeues, *self._host_keys(),
-            ],
-            args=args,
-        )
-        if isinstance(statuses, bytes):
-            statuses = statuses.decode()
-        return EnqueueResult(statuses, int(acked))
+        keys = [
+            k.queue, k.seq, k.seen, k.starts, k.inflight, k.leases, k.stats, k.dedup,
+            k.bloom, k.owned, k.requeues, *self._host_keys(),
+        ]
+        return keys, args
 
     def ack(self, acks: Sequence[Ack | LeaseHandle]) -> int:
         """Ack leases whose processing is done (with no children to queue)."""
@@ -272,22 +295,60 @@ class Frontier:
 
     def lease(self, count: int) -> LeaseBatch:
         """Lease up to ``count`` requests, at most one per due lane."""
+        keys, args = self._lease_call(count)
+        return _lease_batch(self._scripts["lease"](keys=keys, args=args))
+
+    def _lease_call(self, count: int) -> tuple[list[str], list[bytes | str | int]]:
         k = self.keys
-        reply = self._scripts["lease"](
-            keys=[
-                k.queue, k.inflight, k.leases, k.stats, k.dead, k.seq, k.owned, k.requeues,
-                *self._host_keys(), k.host_delay,
-            ],
-            args=[self.worker_id, count, self.concurrency],
+        keys = [
+            k.queue, k.inflight, k.leases, k.stats, k.dead, k.seq, k.owned, k.requeues,
+            *self._host_keys(), k.host_delay,
+        ]
+        return keys, [self.worker_id, count, self.concurrency]
+
+    def enqueue_and_lease(
+        self, requests: Sequence[NewRequest], acks: Sequence[Ack | LeaseHandle], count: int
+    ) -> tuple[EnqueueResult | redis.RedisError, LeaseBatch]:
+        """``enqueue`` then ``lease``, in one round trip (two scripts, each atomic).
+
+        The acks free their lanes' slots before the lease looks for due lanes, so a
+        worker hands back finished work and takes new work at the cost of one round
+        trip. A failed enqueue (e.g. Redis out of memory) is returned, not raised: the
+        lease ran all the same and its leases are this worker's now. A failed lease
+        raises.
+        """
+        calls: list[_Call] = [
+            ("enqueue", *self._enqueue_call(requests, acks)),
+            ("lease", *self._lease_call(count)),
+        ]
+        sent, leased = self._pipelined(calls)
+        if isinstance(leased, redis.RedisError):
+            raise leased
+        return (
+            sent if isinstance(sent, redis.RedisError) else _enqueue_result(sent),
+            _lease_batch(leased),
         )
-        members, token, requeued, delays, queued, inflight, malformed, wait_ms = reply
-        token = str(int(token))
-        leases = []
-        for member, times, delay in zip(members, requeued, delays, strict=True):
-            lane, key, payload = split_member(member)
-            leases.append(Lease(key, token, payload, int(times), lane,
-                                float(delay) if delay else None))
-        return LeaseBatch(leases, int(queued), int(inflight), int(malformed), int(wait_ms))
+
+    def _pipelined(self, calls: Sequence[_Call]) -> list[Any]:
+        """Run scripts in one pipeline; replies (or errors) in order.
+
+        EVALSHA is sent directly: redis-py's pipelined ``Script`` calls would first ask
+        ``SCRIPT EXISTS`` in a round trip of their own. A script the server lacks (after
+        a restart or SCRIPT FLUSH) is loaded and run again on its own: a NOSCRIPT reply
+        means it did not run.
+        """
+        pipe = self.client.pipeline(transaction=False)
+        for name, keys, args in calls:
+            pipe.evalsha(self._scripts[name].sha, len(keys), *keys, *args)
+        replies: list[Any] = pipe.execute(raise_on_error=False)
+        for i, reply in enumerate(replies):
+            if isinstance(reply, redis.exceptions.NoScriptError):
+                name, keys, args = calls[i]
+                try:
+                    replies[i] = self._scripts[name](keys=keys, args=args)
+                except redis.exceptions.ResponseError as exc:
+                    replies[i] = exc
+        return replies
 
     def release(self, handles: Iterable[LeaseHandle]) -> int:
         """Put this worker's leases back in the queue, as they were."""

@@ -4,13 +4,17 @@ Every ``scrapy crawl`` process using this scheduler is one worker of a fleet tha
 shares one crawl's keys. The scheduler keeps three small local buffers and nothing
 else:
 
-- the outbox: requests enqueued here, sent to Redis in one round trip (at the ack of
-  the request whose processing yielded them, when the batch is full, or after
-  ``REDISSPINE_ENQUEUE_FLUSH_SECONDS``);
+- the outbox: requests enqueued here, and the acks of requests the engine is done
+  with (see ``_engine``). A request's children always go in the same atomic step as
+  its ack, or before it. Both are sent with the next lease, in the same round trip,
+  or when the buffer is full, or after ``REDISSPINE_ENQUEUE_FLUSH_SECONDS`` (new
+  requests) or ``REDISSPINE_ACK_FLUSH_SECONDS`` (acks), whichever comes first;
 - the ready list: requests leased in one round trip, handed out one per
   ``next_request()``; they stay in Redis's in-flight HASH, owned by this worker;
-- handed-out leases: acked when the engine is done with the request (see
-  ``_engine``), together with the requests it yielded, atomically.
+- handed-out leases, until their ack.
+
+Requests this worker queued are also kept as objects for a while
+(``REDISSPINE_LOCAL_REQUEST_CACHE``), so that leasing them back costs no decoding.
 
 The crawl is finished when nothing is queued or in flight fleet-wide; a worker only
 reports no pending requests when that holds and its own buffers are empty.
@@ -33,7 +37,15 @@ from scrapy_redisspine import signals
 from scrapy_redisspine._engine import EngineHooks
 from scrapy_redisspine.control import Orders, close_spider, read_orders
 from scrapy_redisspine.dupefilter import RedisDupeFilter
-from scrapy_redisspine.frontier import Ack, Frontier, Lease, LeaseHandle, NewRequest
+from scrapy_redisspine.frontier import (
+    Ack,
+    EnqueueResult,
+    Frontier,
+    Lease,
+    LeaseBatch,
+    LeaseHandle,
+    NewRequest,
+)
 from scrapy_redisspine.health import RedisHealth
 from scrapy_redisspine.keys import CrawlKeys
 from scrapy_redisspine.politeness import DelayPolicy, make_lane_function
@@ -50,6 +62,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _CLOSE_ATTEMPTS = 5
+#: (order key, token, rest of its lane in ms, time.monotonic() when the request was done)
+_PendingAck = tuple[str, str, int, float]
 _SHED_LOG_INTERVAL_SECONDS = 60.0
 
 
@@ -76,7 +90,8 @@ class Scheduler(BaseScheduler):
         self._hooks: EngineHooks | None = None
         self._remote_dedup = isinstance(dupefilter, RedisDupeFilter)
         self._outbox: list[tuple[NewRequest, Request]] = []
-        self._acks: list[Ack] = []
+        self._acks: list[_PendingAck] = []
+        self._local: dict[bytes, Request] = {}  # payload -> the request it encodes
         self._lanes: dict[str, str] = {}  # order key -> politeness lane, while leased
         self._blocks: dict[str, int] = {}  # order key -> Retry-After block (ms)
         self._lane = make_lane_function(config.politeness_key)
@@ -218,6 +233,7 @@ class Scheduler(BaseScheduler):
         self._ready.clear()
         self._handed_out.clear()
         self._lanes.clear()
+        self._local.clear()
 
     # -- Scrapy's scheduler interface ------------------------------------------
 
@@ -248,10 +264,7 @@ class Scheduler(BaseScheduler):
             lane=self._lane(request.url),
         )
         self._outbox.append((entry, request))
-        if len(self._outbox) >= self.config.enqueue_batch_size:
-            self._try_flush()
-        else:
-            self._schedule_flush()
+        self._flush_soon(self.config.enqueue_flush_seconds)
         return True
 
     def next_request(self) -> Request | None:
@@ -288,14 +301,15 @@ class Scheduler(BaseScheduler):
         return bytes(self.crawler.request_fingerprinter.fingerprint(request))
 
     def _lease(self) -> bool:
-        """Fill the ready list in one round trip; False if nothing was leased."""
+        """Fill the ready list in one round trip (which also carries the outbox and
+        the acks); False if nothing was leased."""
         assert self.frontier is not None
         now = time.monotonic()
-        if self._outbox and not self._try_flush():
-            return False
         # Engine wake-ups (each enqueue, each finished download) may come far more
-        # often than work appears; after an empty lease, wait for the idle poll.
-        if now - self._last_empty_lease < self.config.idle_poll_seconds / 2:
+        # often than work appears; after an empty lease, wait for the idle poll,
+        # unless there is something to send (an ack frees a lane, a request fills one).
+        sending = bool(self._outbox or self._acks)
+        if not sending and now - self._last_empty_lease < self.config.idle_poll_seconds / 2:
             return False
         free = self._hooks.free_download_slots() if self._hooks else 1
         count = max(1, min(free, self.config.lease_batch_size))
@@ -303,9 +317,11 @@ class Scheduler(BaseScheduler):
             try:
                 if self._reconcile_leases:
                     self._release_orphans()
-                batch = self.frontier.lease(count)
+                batch = self._send_and_lease(count)
             except redis.RedisError as exc:
                 self._redis_failed("lease", exc)
+                return False
+            if batch is None:
                 return False
             self.health.succeeded()
             self._set_fleet_counts(batch.queued, batch.inflight, now)
@@ -321,6 +337,25 @@ class Scheduler(BaseScheduler):
             if not batch.queued:
                 break
         return bool(self._ready)
+
+    def _send_and_lease(self, count: int) -> LeaseBatch | None:
+        """Lease, sending the outbox and acks first in the same round trip.
+
+        None when the send failed and nothing was leased (the buffers are kept)."""
+        assert self.frontier is not None
+        if not self._outbox and not self._acks:
+            return self.frontier.lease(count)
+        outbox, acks = self._outbox, self._acks
+        sent, batch = self.frontier.enqueue_and_lease(
+            [entry for entry, _ in outbox], _ack_args(acks), count
+        )
+        if isinstance(sent, redis.RedisError):
+            self._send_failed(sent)
+            if not batch.leases and not batch.malformed:
+                return None
+        else:
+            self._sent(outbox, len(acks), sent)
+        return batch
 
     def _release_orphans(self) -> None:
         assert self.frontier is not None
@@ -351,7 +386,9 @@ class Scheduler(BaseScheduler):
         assert self.frontier is not None
         handle = lease.handle
         try:
-            request = self.codec.decode(lease.payload)
+            request = self._local.pop(lease.payload, None)
+            if request is None:
+                request = self.codec.decode(lease.payload)
         except Exception as exc:  # RequestDecodeError, or anything a bad payload triggers
             reason = f"undecodable request: {exc}"
             logger.error("redisspine: lease %s moved to dead letters: %s", handle[0], reason)
@@ -376,8 +413,8 @@ class Scheduler(BaseScheduler):
         key, token = handle
         lane = self._lanes.pop(key, "")
         rest_ms = max(self.delays.next_delay_ms(lane), self._blocks.pop(key, 0))
-        self._acks.append((key, token, rest_ms))
-        self._try_flush()
+        self._acks.append((key, token, rest_ms, time.monotonic()))
+        self._flush_soon(self.config.ack_flush_seconds)
 
     def block_host(self, request: Request, seconds: float) -> None:
         """A Retry-After answer: the lane rests this long after the request's ack."""
@@ -423,12 +460,21 @@ class Scheduler(BaseScheduler):
                 "see redisspine/memory/shed", request,
             )
 
-    def _schedule_flush(self) -> None:
-        if self._flush_call is None or not self._flush_call.active():
-            from twisted.internet import reactor
+    def _flush_soon(self, within: float) -> None:
+        """Send the buffers now if full, else within ``within`` seconds at the latest
+        (the next lease usually carries them sooner)."""
+        if len(self._outbox) + len(self._acks) >= self.config.enqueue_batch_size or within <= 0:
+            self._try_flush()
+            return
+        from twisted.internet import reactor
 
-            delay = self.config.enqueue_flush_seconds
-            self._flush_call = reactor.callLater(delay, self._try_flush)  # type: ignore[attr-defined,arg-type,call-arg,unused-ignore]
+        clock: Any = reactor
+        call = self._flush_call
+        if call is not None and call.active():
+            if call.getTime() - clock.seconds() <= within:
+                return
+            call.cancel()
+        self._flush_call = clock.callLater(within, self._try_flush)
 
     def _try_flush(self) -> bool:
         if not self._outbox and not self._acks:
@@ -438,12 +484,15 @@ class Scheduler(BaseScheduler):
         try:
             self._flush()
         except redis.RedisError as exc:
-            if isinstance(exc, redis.exceptions.OutOfMemoryError):
-                self._shed_outbox()
-            self._redis_failed("enqueue", exc)
+            self._send_failed(exc)
             return False
         self.health.succeeded()
         return True
+
+    def _send_failed(self, exc: redis.RedisError) -> None:
+        if isinstance(exc, redis.exceptions.OutOfMemoryError):
+            self._shed_outbox()
+        self._redis_failed("enqueue", exc)
 
     def _redis_failed(self, operation: str, exc: Exception) -> None:
         """A full Redis is not a down Redis: shed load, but keep calling it."""
@@ -478,9 +527,16 @@ class Scheduler(BaseScheduler):
             return
         assert self.frontier is not None
         outbox, acks = self._outbox, self._acks
-        result = self.frontier.enqueue([entry for entry, _ in outbox], acks)
-        self._outbox, self._acks = [], []
-        self._record_enqueued(outbox, result.statuses, result.acked, len(acks))
+        result = self.frontier.enqueue([entry for entry, _ in outbox], _ack_args(acks))
+        self._sent(outbox, len(acks), result)
+
+    def _sent(
+        self, outbox: list[tuple[NewRequest, Request]], acks: int, result: EnqueueResult
+    ) -> None:
+        """Redis took the outbox and ``acks`` acks: empty the buffers, count."""
+        self._outbox = self._outbox[len(outbox):]  # new lists: `outbox` is read below
+        self._acks = self._acks[acks:]
+        self._record_enqueued(outbox, result.statuses, result.acked, acks)
         self._fleet_pending = True
         self._last_empty_lease = 0.0
         if result.enqueued and self._hooks is not None:
@@ -490,10 +546,13 @@ class Scheduler(BaseScheduler):
         self, outbox: list[tuple[NewRequest, Request]], statuses: str, acked: int, sent: int
     ) -> None:
         stats = self.stats
-        for (_, request), status in zip(outbox, statuses, strict=False):
+        cache = self.config.local_request_cache
+        for (entry, request), status in zip(outbox, statuses, strict=False):
             if status == "+":
                 stats.inc_value("scheduler/enqueued/redis")
                 stats.inc_value("scheduler/enqueued")
+                if cache:
+                    self._keep_local(entry.payload, request, cache)
             elif status == "d":
                 self.df.log(request, self.spider)  # type: ignore[arg-type]
             elif status == "c":
@@ -505,6 +564,12 @@ class Scheduler(BaseScheduler):
         if acked < sent:
             stats.inc_value("redisspine/scheduler/ack_refused", sent - acked)
             logger.warning("redisspine: %d ack(s) refused: lease no longer ours", sent - acked)
+
+    def _keep_local(self, payload: bytes, request: Request, cache: int) -> None:
+        local = self._local
+        local[payload] = request
+        if len(local) > cache:
+            del local[next(iter(local))]  # the oldest
 
     def _refresh_fleet_counts(self) -> None:
         assert self.frontier is not None
@@ -593,6 +658,17 @@ class Scheduler(BaseScheduler):
             self._try_flush()
         if not self._ready and self._hooks is not None:
             self._hooks.wake()
+
+
+def _ack_args(acks: list[_PendingAck], now: float | None = None) -> list[Ack]:
+    """Acks as sent: a lane's rest counts from the end of its fetch, so the time an
+    ack waited in the buffer comes off it (less 1 ms, what Redis's ms clock may
+    lose to rounding: a rest is never cut short)."""
+    now = time.monotonic() if now is None else now
+    return [
+        (key, token, rest_ms - min(rest_ms, max(0, int((now - done) * 1000) - 1)))
+        for key, token, rest_ms, done in acks
+    ]
 
 
 def _build_dupefilter(crawler: Crawler) -> BaseDupeFilter:

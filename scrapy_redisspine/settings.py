@@ -57,11 +57,21 @@ SETTINGS: tuple[Setting, ...] = (
             "Most requests leased in one round trip; a worker never leases more "
             "than its free download slots."),
     Setting("REDISSPINE_ENQUEUE_BATCH_SIZE", 500,
-            "Requests buffered locally before they are sent in one round trip."),
+            "Requests and acks buffered locally before they are sent in one round trip."),
     Setting("REDISSPINE_ENQUEUE_FLUSH_SECONDS", 0.05,
             "Longest time an enqueued request waits in the local buffer when no "
             "ack sends it sooner (requests yielded by a callback go out with the "
             "ack of the request that yielded them)."),
+    Setting("REDISSPINE_ACK_FLUSH_SECONDS", 0.05,
+            "Longest time the ack of a finished request waits in the local buffer. "
+            "Acks normally travel with the next lease (one round trip for both); "
+            "this bounds how long a lane's slot stays taken when no lease follows. "
+            "A lane's rest is still counted from the end of its fetch. `0` sends "
+            "every ack at once."),
+    Setting("REDISSPINE_LOCAL_REQUEST_CACHE", 10_000,
+            "Requests this worker queued that it keeps as objects, so that leasing "
+            "one of them back skips decoding it (the usual case with one worker). "
+            "The oldest go first when it is full; `0` turns it off."),
     Setting("REDISSPINE_IDLE_POLL_SECONDS", 0.1,
             "How often a worker with nothing to do asks Redis for work: bounds both "
             "its pick-up latency and its idle load on Redis."),
@@ -168,6 +178,8 @@ class SpineConfig:
     embedded_dir: str | None
     redis_server_bin: str | None
     sweep_seconds: float = 5.0
+    ack_flush_seconds: float = 0.05
+    local_request_cache: int = 10_000
     lease_ceiling_seconds: float = 3600.0
     max_requeues: int = 3
     memory_budget_bytes: int = 0
@@ -379,6 +391,12 @@ def load_config(settings: Mapping[str, Any]) -> SpineConfig:
         embedded_dir=_as_optional_str("REDISSPINE_EMBEDDED_DIR", get("REDISSPINE_EMBEDDED_DIR")),
         redis_server_bin=_as_optional_str(
             "REDISSPINE_REDIS_SERVER_BIN", get("REDISSPINE_REDIS_SERVER_BIN")
+        ),
+        ack_flush_seconds=_as_number(
+            "REDISSPINE_ACK_FLUSH_SECONDS", get("REDISSPINE_ACK_FLUSH_SECONDS"), float, 0
+        ),
+        local_request_cache=_as_number(
+            "REDISSPINE_LOCAL_REQUEST_CACHE", get("REDISSPINE_LOCAL_REQUEST_CACHE"), int, 0
         ),
         sweep_seconds=_as_number("REDISSPINE_SWEEP_SECONDS", get("REDISSPINE_SWEEP_SECONDS"), float, 0),
         lease_ceiling_seconds=_as_number(

@@ -999,6 +999,7 @@ class TestSchedulerPoliteness:
         host = first.url.split("/")[2]
         before = _server_ms(client)
         scheduler._on_request_done(first)
+        assert scheduler._try_flush()  # the ack waits for a lease or the flush timer
         assert int(client.hget(KEYS.host_next, host)) >= before + 60_000
         rest = [r.url for r in iter(lambda: _next(scheduler), None)]
         assert first.url not in rest
@@ -1014,6 +1015,7 @@ class TestSchedulerPoliteness:
         scheduler.block_host(request, 120)
         before = _server_ms(client)
         scheduler._on_request_done(request)
+        assert scheduler._try_flush()
         assert int(client.hget(KEYS.host_next, "a.example")) >= before + 120_000
         assert scheduler.stats.get_value("redisspine/politeness/retry_after") == 1
         assert not scheduler._blocks
@@ -1057,6 +1059,7 @@ class TestSchedulerPoliteness:
         assert other.delays.knows("a.example"), "learned from the lease"
         before = _server_ms(client)
         other._on_request_done(request)
+        assert other._try_flush()
         assert int(client.hget(KEYS.host_next, "a.example")) >= before + 30_000
 
     def test_host_concurrency_setting(self, make_scheduler: MakeScheduler) -> None:

@@ -786,6 +786,35 @@ class TestMemoryPressure:
         }
 
 
+class TestFullRedisWhileLeasing:
+    def test_refused_discoveries_are_shed_and_the_lease_still_taken(
+        self, redis_url: str, redis_server: RedisServer,
+    ) -> None:
+        # The outbox goes in the same round trip as the lease: a full Redis refuses
+        # the enqueue (new requests) but the lease runs and its leases are kept.
+        scheduler = _open_scheduler(redis_url, "w1", REDISSPINE_LEASE_BATCH_SIZE=1)
+        client = redis_server.client()
+        try:
+            for url in ("http://a.example/", "http://b.example/"):
+                scheduler.enqueue_request(Request(url))
+            first = scheduler.next_request()
+            assert first is not None
+            client.config_set("maxmemory", 1)
+            assert scheduler.enqueue_request(Request("http://c.example/new"))
+            second = scheduler.next_request()
+            assert second is not None, "leased although the enqueue was refused"
+            assert {first.url, second.url} == {"http://a.example/", "http://b.example/"}
+            assert scheduler.memory_pressure
+            assert _stat(scheduler, "redisspine/memory/shed") == 1
+            assert _stat(scheduler, "redisspine/memory/oom/enqueue") == 1
+            assert not scheduler._outbox
+            assert not scheduler.health.down, "a full Redis is not a down one"
+        finally:
+            client.config_set("maxmemory", 0)
+            client.close()
+            scheduler.close("shutdown")
+
+
 class TestFencedScheduler:
     def test_fenced_drops_ready_leases_and_the_stale_ack_is_refused(
         self, make_scheduler: MakeScheduler, client: redis.Redis
@@ -808,6 +837,7 @@ class TestFencedScheduler:
         assert not scheduler._ready
         assert _stat(scheduler, "redisspine/scheduler/presumed_dead") == 1
         scheduler._on_request_done(started)
+        scheduler._try_flush()
         assert _stat(scheduler, "redisspine/scheduler/ack_refused") == 1
         assert (client.zcard(KEYS.queue), client.hlen(KEYS.inflight)) == (4, 0)
 
@@ -839,6 +869,7 @@ class TestFencedScheduler:
         scheduler._on_heartbeat()  # False: presumed dead
         assert _stat(scheduler, "redisspine/scheduler/presumed_dead") == 1
         scheduler._on_request_done(started)
+        assert scheduler._try_flush()
         assert _stat(scheduler, "redisspine/scheduler/acked") == 1, "its token is valid"
 
         scheduler.close("shutdown")  # returns every lease it still knows of
@@ -920,6 +951,7 @@ class TestSchedulerDuringAnOutage:
                 got.append(request)
                 scheduler._on_request_done(request)
             assert sorted(request.url for request in got) == children
+            assert scheduler._try_flush()  # the last ack
             check = server.client()
             try:
                 assert (check.zcard(KEYS.queue), check.hlen(KEYS.inflight)) == (0, 0)

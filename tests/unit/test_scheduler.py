@@ -349,6 +349,8 @@ def test_pending_while_another_worker_holds_a_lease(
     assert _pending(consumer)
 
     consumer._on_request_done(request)
+    assert _pending(consumer), "its ack is not sent yet"
+    assert consumer._try_flush()
     assert _counts(redis_backend) == (0, 0)
     assert _stat(consumer, "redisspine/scheduler/acked") == 1
     assert not _pending(producer)
@@ -364,6 +366,8 @@ def test_ack_sends_children_with_the_ack(
     scheduler.enqueue_request(Request("http://example.com/child1"))
     scheduler.enqueue_request(Request("http://example.com/child2"))
     scheduler._on_request_done(parent)
+    assert _counts(redis_backend) == (0, 1), "buffered until a lease or the timer"
+    assert scheduler._try_flush()
     assert _counts(redis_backend) == (2, 0)
     assert redis_backend.client.hget(KEYS.stats, "acked") == b"1"
 
@@ -596,3 +600,189 @@ def test_heartbeat_timer_refreshes_the_worker(
     assert redis_backend.client.zscore(KEYS.workers, "w1") > registered
     _close(scheduler)
     assert all(not timer.running for timer in scheduler._timers)
+
+
+# -- acks travel with leases -----------------------------------------------------------
+
+
+def _spy_round_trips(scheduler: Scheduler, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Names of the frontier calls the scheduler makes: each is one round trip."""
+    calls: list[str] = []
+    frontier = scheduler.frontier
+    for name in ("enqueue", "lease", "enqueue_and_lease"):
+        original = getattr(frontier, name)
+
+        def spy(*args: Any, _name: str = name, _original: Any = original, **kwargs: Any) -> Any:
+            calls.append(_name)
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(frontier, name, spy)
+    return calls
+
+
+def test_acks_travel_with_the_next_lease(
+    make_scheduler: MakeScheduler, redis_backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    scheduler = make_scheduler(REDISSPINE_LEASE_BATCH_SIZE=4)
+    scheduler._hooks = StubHooks(free_slots=4)  # type: ignore[assignment]
+    for i in range(8):
+        scheduler.enqueue_request(Request(f"http://h{i}.example/"))
+    assert scheduler._try_flush()
+    calls = _spy_round_trips(scheduler, monkeypatch)
+
+    first = [scheduler.next_request() for _ in range(4)]
+    assert calls == ["lease"]
+    for request in first:
+        assert request is not None
+        scheduler._on_request_done(request)
+    assert calls == ["lease"], "acks wait for the next lease"
+    assert _counts(redis_backend) == (4, 4)
+    assert scheduler.has_pending_requests()
+
+    second = scheduler.next_request()
+    assert second is not None
+    assert calls == ["lease", "enqueue_and_lease"], "4 acks and a lease: one round trip"
+    assert _stat(scheduler, "redisspine/scheduler/acked") == 4
+    assert redis_backend.client.hget(KEYS.stats, "acked") == b"4"
+    assert _counts(redis_backend) == (0, 4)
+    assert len(scheduler._ready) == 3
+
+
+def test_children_and_ack_go_before_the_lease_that_may_take_them(
+    make_scheduler: MakeScheduler, redis_backend: Backend
+) -> None:
+    scheduler = make_scheduler()
+    scheduler.enqueue_request(Request("http://example.com/parent"))
+    parent = scheduler.next_request()
+    assert parent is not None
+    scheduler.enqueue_request(Request("http://example.com/child"))
+    scheduler._on_request_done(parent)
+    child = scheduler.next_request()  # the parent's ack frees the host's one slot first
+    assert child is not None
+    assert child.url == "http://example.com/child"
+    assert _counts(redis_backend) == (0, 1)
+
+
+@pytest_twisted.inlineCallbacks
+def test_ack_timer_bounds_the_wait(
+    make_scheduler: MakeScheduler, redis_backend: Backend
+) -> Any:
+    # a child's long enqueue timer does not hold back the ack of its parent
+    scheduler = make_scheduler(
+        REDISSPINE_ACK_FLUSH_SECONDS=0.02, REDISSPINE_ENQUEUE_FLUSH_SECONDS=30
+    )
+    scheduler.enqueue_request(Request("http://example.com/parent"))
+    parent = scheduler.next_request()
+    assert parent is not None
+    scheduler.enqueue_request(Request("http://example.com/child"))
+    scheduler._on_request_done(parent)
+    assert _counts(redis_backend) == (0, 1)
+    yield deferLater(reactor, 0.3, lambda: None)
+    assert _counts(redis_backend) == (1, 0)
+    assert _stat(scheduler, "redisspine/scheduler/acked") == 1
+    _close(scheduler)
+
+
+def test_zero_ack_flush_seconds_sends_each_ack_at_once(
+    make_scheduler: MakeScheduler, redis_backend: Backend
+) -> None:
+    scheduler = make_scheduler(REDISSPINE_ACK_FLUSH_SECONDS=0)
+    scheduler.enqueue_request(Request("http://example.com/a"))
+    request = scheduler.next_request()
+    assert request is not None
+    scheduler._on_request_done(request)
+    assert _counts(redis_backend) == (0, 0)
+    assert not scheduler._acks
+
+
+def test_a_full_buffer_sends_its_acks(
+    make_scheduler: MakeScheduler, redis_backend: Backend
+) -> None:
+    scheduler = make_scheduler(REDISSPINE_ENQUEUE_BATCH_SIZE=2, REDISSPINE_LEASE_BATCH_SIZE=2)
+    scheduler._hooks = StubHooks(free_slots=2)  # type: ignore[assignment]
+    for url in ("http://a.example/", "http://b.example/"):
+        scheduler.enqueue_request(Request(url))
+    taken = [scheduler.next_request(), scheduler.next_request()]
+    scheduler._on_request_done(taken[0])  # type: ignore[arg-type]
+    assert _counts(redis_backend) == (0, 2)
+    scheduler._on_request_done(taken[1])  # type: ignore[arg-type]
+    assert _counts(redis_backend) == (0, 0)
+
+
+def test_buffered_ack_rest_counts_from_the_end_of_the_fetch() -> None:
+    from scrapy_redisspine.scheduler import _ack_args
+
+    sent = _ack_args([
+        ("k1", "t", 1000, 99.75),  # waited 250 ms: 750 ms of rest left (+1 for rounding)
+        ("k2", "t", 1000, 95.0),  # waited longer than its rest
+        ("k3", "t", 500, 100.0),  # sent at once
+        ("k4", "t", 0, 99.0),
+    ], now=100.0)
+    assert sent == [("k1", "t", 751), ("k2", "t", 0), ("k3", "t", 500), ("k4", "t", 0)]
+
+
+def test_acks_survive_a_script_flush(
+    make_scheduler: MakeScheduler, redis_backend: Backend
+) -> None:
+    # the pipelined EVALSHA gets NOSCRIPT after a restart or SCRIPT FLUSH: loaded again
+    scheduler = make_scheduler()
+    for url in ("http://a.example/", "http://b.example/"):
+        scheduler.enqueue_request(Request(url))
+    first = scheduler.next_request()
+    assert first is not None
+    scheduler._on_request_done(first)
+    redis_backend.client.script_flush()
+    second = _next(scheduler)
+    assert second is not None
+    assert _stat(scheduler, "redisspine/scheduler/acked") == 1
+    assert _counts(redis_backend) == (0, 1)
+
+
+# -- the local request cache ----------------------------------------------------------
+
+
+def test_own_requests_come_back_without_decoding(
+    scheduler: Scheduler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sent = Request("http://example.com/a", meta={"depth": 2}, cb_kwargs={"x": 1})
+    scheduler.enqueue_request(sent)
+    assert scheduler.codec is not None
+    monkeypatch.setattr(scheduler.codec, "decode", _no_decoding)
+    assert scheduler.next_request() is sent
+    assert not scheduler._local
+
+
+def _no_decoding(payload: bytes) -> Request:
+    raise AssertionError("decoded a request this worker still had")
+
+
+def test_cache_keeps_the_newest_and_skips_refused_requests(
+    make_scheduler: MakeScheduler,
+) -> None:
+    scheduler = make_scheduler(REDISSPINE_LOCAL_REQUEST_CACHE=2)
+    sent = [Request(f"http://h{i}.example/") for i in range(3)]
+    for request in sent:
+        scheduler.enqueue_request(request)
+    scheduler.enqueue_request(Request("http://h0.example/"))  # a duplicate
+    assert scheduler._try_flush()
+    assert list(scheduler._local.values()) == sent[1:]
+    got = _drain(scheduler)
+    assert [request.url for request in got] == [request.url for request in sent]
+    assert got[0] is not sent[0], "evicted: decoded from Redis"
+    assert all(a is b for a, b in zip(got[1:], sent[1:], strict=True)), "kept: not decoded"
+
+
+def test_cache_off_and_other_workers_requests_are_decoded(
+    make_scheduler: MakeScheduler,
+) -> None:
+    producer = make_scheduler("w1")
+    consumer = make_scheduler("w2", REDISSPINE_LOCAL_REQUEST_CACHE=0)
+    sent = Request("http://example.com/a")
+    producer.enqueue_request(sent)
+    consumer.enqueue_request(Request("http://example.com/b"))
+    assert producer._try_flush()
+    assert consumer._try_flush()
+    assert not consumer._local
+    got = sorted(_drain(consumer), key=lambda request: request.url)
+    assert [request.url for request in got] == ["http://example.com/a", "http://example.com/b"]
+    assert got[0] is not sent
