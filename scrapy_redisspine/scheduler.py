@@ -112,6 +112,7 @@ class Scheduler(BaseScheduler):
         self._reconcile_leases = False
         self._last_shed_log = 0.0
         self._flush_call: Any = None  # twisted IDelayedCall
+        self._flush_due = 0.0  # when it fires (time.monotonic())
         self._timers: list[task.LoopingCall] = []
         self.orders = Orders()  # fleet-wide pause/drain, read once per heartbeat
         self._drain_closing = False
@@ -466,14 +467,16 @@ class Scheduler(BaseScheduler):
         if len(self._outbox) + len(self._acks) >= self.config.enqueue_batch_size or within <= 0:
             self._try_flush()
             return
+        due = time.monotonic() + within
+        call = self._flush_call
+        if call is not None and call.active():
+            if self._flush_due <= due:
+                return  # called per request: this check must stay cheap
+            call.cancel()
         from twisted.internet import reactor
 
         clock: Any = reactor
-        call = self._flush_call
-        if call is not None and call.active():
-            if call.getTime() - clock.seconds() <= within:
-                return
-            call.cancel()
+        self._flush_due = due
         self._flush_call = clock.callLater(within, self._try_flush)
 
     def _try_flush(self) -> bool:

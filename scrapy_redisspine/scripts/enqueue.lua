@@ -52,33 +52,72 @@ local time = redis.call("TIME")
 local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 -- #include hosts
 -- #include entry
+-- #include batch
 
+-- Acks: one HMGET for all entries, one write per key for all of them, and one
+-- update per lane (its slots and its rest) however many of its leases end here.
 local acked = 0
-for i = 6, 5 + 3 * n_acks, 3 do
-    local key, token, rest_ms = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2])
-    local member = fenced_member(key, owner, token)
-    if member then
-        redis.call("HDEL", inflight, key)
-        redis.call("ZREM", leases, key)
-        redis.call("ZREM", owned, owner .. "\n" .. key)
-        redis.call("HDEL", requeues, key)
-        local lane = member_lane(member)
-        if lane then
-            host_released(lane, rest_ms)
+if n_acks > 0 then
+    local ack_keys = {}
+    for i = 6, 5 + 3 * n_acks, 3 do
+        ack_keys[#ack_keys + 1] = ARGV[i]
+    end
+    local entries = {}
+    for i = 1, #ack_keys, 1000 do
+        local chunk = redis.call("HMGET", inflight, unpack(ack_keys, i, math.min(i + 999, #ack_keys)))
+        for _, entry in ipairs(chunk) do
+            entries[#entries + 1] = entry
         end
-        acked = acked + 1
+    end
+    local done_keys, done_owned = {}, {}
+    local lanes_done, released, rests = {}, {}, {}
+    for j, key in ipairs(ack_keys) do
+        local base = 6 + 3 * (j - 1)
+        local member = entry_member(entries[j], owner, ARGV[base + 1])
+        if member and not released[key] then
+            released[key] = true
+            done_keys[#done_keys + 1] = key
+            done_owned[#done_owned + 1] = owner .. "\n" .. key
+            local lane = member_lane(member)
+            if lane then
+                if not rests[lane] then
+                    lanes_done[#lanes_done + 1] = lane
+                    rests[lane] = { n = 0, rest = 0 }
+                end
+                rests[lane].n = rests[lane].n + 1
+                rests[lane].rest = math.max(rests[lane].rest, tonumber(ARGV[base + 2]))
+            end
+        end
+    end
+    acked = #done_keys
+    if acked > 0 then
+        call_in_chunks("HDEL", inflight, done_keys) -- no "denyoom" command: see lease.lua
+        call_in_chunks("ZREM", leases, done_keys)
+        call_in_chunks("ZREM", owned, done_owned)
+        if redis.call("EXISTS", requeues) == 1 then
+            call_in_chunks("HDEL", requeues, done_keys)
+        end
+        for _, lane in ipairs(lanes_done) do
+            host_released(lane, rests[lane].rest, rests[lane].n)
+        end
     end
 end
 
 local n_requests = (#ARGV - first_request + 1) / 5
 local statuses = {}
 local to_add = {}
+local lanes, added = {}, {} -- the lanes of this batch, and requests added to each
 for i = 0, n_requests - 1 do
     local base = first_request + 5 * i
     local flags, fingerprint, lane = ARGV[base], ARGV[base + 1], ARGV[base + 2]
     local status = "+"
-    if backlog_cap > 0 and tonumber(redis.call("HGET", backlog, lane) or "0") >= backlog_cap then
-        status = "c"
+    if not added[lane] then
+        lanes[#lanes + 1] = lane
+        added[lane] = 0
+    end
+    if backlog_cap > 0 and added[lane] + tonumber(redis.call("HGET", backlog, lane) or "0")
+            >= backlog_cap then
+        status = "c" -- the cap holds within one batch too
     elseif string.find(flags, "s", 1, true) and redis.call("SADD", starts, fingerprint) == 0 then
         status = "s"
     elseif string.find(flags, "f", 1, true) and dedup_add(fingerprint) == 0 then
@@ -87,24 +126,34 @@ for i = 0, n_requests - 1 do
     statuses[#statuses + 1] = status
     if status == "+" then
         to_add[#to_add + 1] = base
-        -- counted now so that the cap holds within one batch too
-        redis.call("HINCRBY", backlog, lane, 1)
+        added[lane] = added[lane] + 1
     end
 end
 
 if #to_add > 0 then
     local last = redis.call("INCRBY", seq, #to_add)
     local first = last - #to_add + 1
+    -- One ZADD per chunk of members: each redis.call has a cost of its own.
+    local pairs_ = {}
     for j, base in ipairs(to_add) do
         local n = first + j - 1
         if order == "lifo" then
             n = 999999999999999 - n
         end
-        local lane = ARGV[base + 2]
-        local key = string.format("%015d", n)
-        redis.call("ZADD", queue, 0, lane .. "\0" .. ARGV[base + 3] .. key .. ARGV[base + 4])
-        if not redis.call("ZSCORE", hosts, lane) then
-            host_schedule(lane)
+        pairs_[#pairs_ + 1] = 0
+        pairs_[#pairs_ + 1] = ARGV[base + 2] .. "\0" .. ARGV[base + 3]
+            .. string.format("%015d", n) .. ARGV[base + 4]
+        if #pairs_ >= 1000 or j == #to_add then
+            redis.call("ZADD", queue, unpack(pairs_))
+            pairs_ = {}
+        end
+    end
+    for _, lane in ipairs(lanes) do
+        if added[lane] > 0 then
+            redis.call("HINCRBY", backlog, lane, added[lane])
+            if not redis.call("ZSCORE", hosts, lane) then
+                host_schedule(lane)
+            end
         end
     end
     redis.call("HINCRBY", stats, "enqueued", #to_add)

@@ -46,8 +46,12 @@ local owner, count, concurrency = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local time = redis.call("TIME")
 local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 -- #include hosts
+-- #include batch
 
 local members, requeued, delays = {}, {}, {}
+-- Usually both are empty: one check per call instead of one HGET per lease each.
+local any_requeues = count > 0 and redis.call("EXISTS", requeues) == 1
+local any_delays = count > 0 and redis.call("EXISTS", host_delay) == 1
 local malformed = 0
 local token = 0
 
@@ -58,21 +62,30 @@ local function bury_malformed(member)
     malformed = malformed + 1
 end
 
+-- The writes of each lease, sent in one call per key after the loop (lib/batch.lua).
+local taken_members, inflight_pairs, lease_pairs, owned_pairs = {}, {}, {}, {}
+local taken_keys = {}
+
 local function take(lane, member, key)
-    -- ZREM first: Redis checks maxmemory only before a script's first write, and ZREM
-    -- is no "denyoom" command, so leases (which free memory once acked) still work
-    -- on a full Redis.
-    redis.call("ZREM", queue, member)
-    if token == 0 then
+    if #members == 0 then
+        -- The first write: Redis checks maxmemory only before a script's first write,
+        -- and ZREM is no "denyoom" command, so leases (which free memory once acked)
+        -- still work on a full Redis.
+        redis.call("ZREM", queue, member)
         token = redis.call("INCR", seq)
+    else
+        taken_members[#taken_members + 1] = member
     end
-    redis.call("HSET", inflight, key, owner .. "\n" .. token .. "\n" .. member)
-    redis.call("ZADD", leases, now_ms, key)
-    redis.call("ZADD", owned, 0, owner .. "\n" .. key)
-    host_acquired(lane)
+    taken_keys[key] = true
+    inflight_pairs[#inflight_pairs + 1] = key
+    inflight_pairs[#inflight_pairs + 1] = owner .. "\n" .. token .. "\n" .. member
+    lease_pairs[#lease_pairs + 1] = now_ms
+    lease_pairs[#lease_pairs + 1] = key
+    owned_pairs[#owned_pairs + 1] = 0
+    owned_pairs[#owned_pairs + 1] = owner .. "\n" .. key
     members[#members + 1] = member
-    requeued[#requeued + 1] = tonumber(redis.call("HGET", requeues, key) or "0")
-    delays[#delays + 1] = redis.call("HGET", host_delay, lane) or ""
+    requeued[#requeued + 1] = any_requeues and tonumber(redis.call("HGET", requeues, key) or "0") or 0
+    delays[#delays + 1] = any_delays and redis.call("HGET", host_delay, lane) or ""
 end
 
 -- Every member has score 0 (lex ranges need it); one that does not was not written
@@ -105,18 +118,32 @@ if count > 0 then
             redis.call("HDEL", backlog, lane) -- the count was off: nothing queued
             host_schedule(lane)
         end
+        local taken = 0
         for _, first in ipairs(firsts) do
             local member_of, key = member_lane(first)
-            if member_of ~= lane or redis.call("HEXISTS", inflight, key) == 1 then
+            if member_of ~= lane or taken_keys[key] or redis.call("HEXISTS", inflight, key) == 1 then
                 bury_malformed(first)
-                -- it may never have been counted: count the lane again
-                redis.call("HSET", backlog, lane, redis.call("ZLEXCOUNT", queue, low, high))
+                -- It may never have been counted: count the lane again, with the
+                -- requests taken from it so far (host_acquired takes them off below).
+                call_in_chunks("ZREM", queue, taken_members)
+                taken_members = {}
+                redis.call("HSET", backlog, lane, redis.call("ZLEXCOUNT", queue, low, high) + taken)
                 host_schedule(lane)
             else
                 take(lane, first, key)
+                taken = taken + 1
             end
         end
+        if taken > 0 then
+            host_acquired(lane, taken)
+        end
     end
+end
+if #members > 0 then
+    call_in_chunks("ZREM", queue, taken_members)
+    call_in_chunks("HSET", inflight, inflight_pairs)
+    call_in_chunks("ZADD", leases, lease_pairs)
+    call_in_chunks("ZADD", owned, owned_pairs)
 end
 
 -- Repair: members no scheduled lane can reach (garbage, or counts gone wrong).

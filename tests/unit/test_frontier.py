@@ -760,13 +760,15 @@ class TestRobustness:
         frontier = wide
         frontier.check_key_types()
         frontier.register(flush=False, alive_ms=ALIVE_MS)
-        frontier.enqueue(_requests(b"a", b"b", b"c", is_start=True))
+        frontier.enqueue(_requests(b"a", b"b", b"c", b"d", is_start=True))
         frontier.set_crawl_delay("", 1.0)
         leases = frontier.lease(2).leases
         assert frontier.bury(leases[0].handle, "bad")
         _declare_dead(client, crawl_keys, "w1")
         assert _sweep(frontier) == 1
         frontier.lease(1)
+        later = frontier.lease(1).leases[0]
+        assert frontier.ack([(later.key, later.token, 60_000)]) == 1  # a rest: host_next
         for name in (
             "dead", "requeues", "owned", "inflight", "leases", "queue",
             "hosts", "busy", "backlog", "host_next", "host_delay",

@@ -4,15 +4,19 @@ fencing rule lives in one place. Requires the local `inflight` (HASH key).
 
 fenced_member(key, owner, token) -> the queue member if the lease `key` is still
 held by `owner` under `token`, else nil (acked, requeued, or leased again since).
+entry_member(entry, owner, token) -> the same, from an entry already read (or false).
 entry_parts(entry) -> owner, queue member.
 ]]
-local function fenced_member(key, owner, token)
+local function entry_member(entry, owner, token)
     local prefix = owner .. "\n" .. token .. "\n"
-    local entry = redis.call("HGET", inflight, key)
     if entry and string.sub(entry, 1, #prefix) == prefix then
         return string.sub(entry, #prefix + 1)
     end
     return nil
+end
+
+local function fenced_member(key, owner, token)
+    return entry_member(redis.call("HGET", inflight, key), owner, token)
 end
 
 local function entry_parts(entry)

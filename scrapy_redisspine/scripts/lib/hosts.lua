@@ -32,19 +32,25 @@ local function lane_range(lane)
     return "[" .. lane .. "\0", "(" .. lane .. "\1"
 end
 
--- Put the lane in `hosts` at the time it may next be leased, or take it out.
-local function host_schedule(lane)
-    local queued = tonumber(redis.call("HGET", backlog, lane) or "0")
+-- Put the lane in `hosts` at the time it may next be leased, or take it out, given
+-- its queued and in-flight counts and its next time (each read here when nil).
+local function host_schedule_with(lane, queued, in_flight, next_at)
     if queued <= 0 then
         redis.call("ZREM", hosts, lane)
         redis.call("HDEL", backlog, lane)
         return
     end
-    if tonumber(redis.call("HGET", busy, lane) or "0") >= concurrency then
+    if in_flight >= concurrency then
         redis.call("ZREM", hosts, lane) -- the release of a slot puts it back
         return
     end
-    redis.call("ZADD", hosts, tonumber(redis.call("HGET", host_next, lane) or "0"), lane)
+    next_at = next_at or tonumber(redis.call("HGET", host_next, lane) or "0")
+    redis.call("ZADD", hosts, next_at, lane)
+end
+
+local function host_schedule(lane)
+    host_schedule_with(lane, tonumber(redis.call("HGET", backlog, lane) or "0"),
+                       tonumber(redis.call("HGET", busy, lane) or "0"))
 end
 
 local function host_enqueued(lane)
@@ -54,25 +60,29 @@ local function host_enqueued(lane)
     end
 end
 
--- A request of the lane left the queue for in-flight: it takes a slot.
-local function host_acquired(lane)
-    redis.call("HINCRBY", backlog, lane, -1)
-    redis.call("HINCRBY", busy, lane, 1)
-    host_schedule(lane)
+-- n requests of the lane left the queue for in-flight: each takes a slot.
+local function host_acquired(lane, n)
+    host_schedule_with(lane, redis.call("HINCRBY", backlog, lane, -n),
+                       redis.call("HINCRBY", busy, lane, n))
 end
 
--- A request of the lane left in-flight. rest_ms: the lane rests that long from now
--- (a fetch ended); nil: no fetch happened, its next time stays as it was.
-local function host_released(lane, rest_ms)
-    if redis.call("HINCRBY", busy, lane, -1) <= 0 then
+-- A request (or n) of the lane left in-flight. rest_ms: the lane rests that long from now
+-- (a fetch ended); nil: no fetch happened, its next time stays as it was. Lanes due
+-- at once are scored with the time they became free, so the longest waiting goes
+-- first; only a rest that ends in the future is written down.
+local function host_released(lane, rest_ms, n)
+    local in_flight = redis.call("HINCRBY", busy, lane, -(n or 1))
+    if in_flight <= 0 then
         redis.call("HDEL", busy, lane)
+        in_flight = 0
     end
-    if rest_ms then
-        local next_at = now_ms + rest_ms
-        if next_at > tonumber(redis.call("HGET", host_next, lane) or "0") then
+    local next_at = tonumber(redis.call("HGET", host_next, lane) or "0")
+    if rest_ms and now_ms + rest_ms > next_at then
+        next_at = now_ms + rest_ms
+        if rest_ms > 0 then
             redis.call("HSET", host_next, lane, next_at)
         end
     end
-    host_schedule(lane)
+    host_schedule_with(lane, tonumber(redis.call("HGET", backlog, lane) or "0"), in_flight,
+                       next_at)
 end
-
