@@ -53,6 +53,7 @@ local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 -- #include hosts
 -- #include entry
 -- #include batch
+-- #include lanes
 
 -- Acks: one HMGET for all entries, one write per key for all of them, and one
 -- update per lane (its slots and its rest) however many of its leases end here.
@@ -70,22 +71,21 @@ if n_acks > 0 then
         end
     end
     local done_keys, done_owned = {}, {}
-    local lanes_done, released, rests = {}, {}, {}
+    local lanes_done, released, freed, rests = {}, {}, {}, {}
     for j, key in ipairs(ack_keys) do
         local base = 6 + 3 * (j - 1)
-        local member = entry_member(entries[j], owner, ARGV[base + 1])
-        if member and not released[key] then
+        local lane = entry_lane(entries[j], owner, ARGV[base + 1])
+        if lane ~= nil and not released[key] then
             released[key] = true
             done_keys[#done_keys + 1] = key
             done_owned[#done_owned + 1] = owner .. "\n" .. key
-            local lane = member_lane(member)
             if lane then
-                if not rests[lane] then
+                if not freed[lane] then
                     lanes_done[#lanes_done + 1] = lane
-                    rests[lane] = { n = 0, rest = 0 }
+                    freed[lane], rests[lane] = 0, 0
                 end
-                rests[lane].n = rests[lane].n + 1
-                rests[lane].rest = math.max(rests[lane].rest, tonumber(ARGV[base + 2]))
+                freed[lane] = freed[lane] - 1
+                rests[lane] = math.max(rests[lane], tonumber(ARGV[base + 2]))
             end
         end
     end
@@ -97,9 +97,7 @@ if n_acks > 0 then
         if redis.call("EXISTS", requeues) == 1 then
             call_in_chunks("HDEL", requeues, done_keys)
         end
-        for _, lane in ipairs(lanes_done) do
-            host_released(lane, rests[lane].rest, rests[lane].n)
-        end
+        lanes_update(lanes_done, freed, nil, rests, false)
     end
 end
 
@@ -148,14 +146,13 @@ if #to_add > 0 then
             pairs_ = {}
         end
     end
+    local grown = {}
     for _, lane in ipairs(lanes) do
         if added[lane] > 0 then
-            redis.call("HINCRBY", backlog, lane, added[lane])
-            if not redis.call("ZSCORE", hosts, lane) then
-                host_schedule(lane)
-            end
+            grown[#grown + 1] = lane
         end
     end
+    lanes_update(grown, nil, added, nil, true) -- a lane already due keeps its turn
     redis.call("HINCRBY", stats, "enqueued", #to_add)
 end
 local filtered = n_requests - #to_add

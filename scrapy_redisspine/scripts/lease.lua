@@ -47,6 +47,7 @@ local time = redis.call("TIME")
 local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 -- #include hosts
 -- #include batch
+-- #include lanes
 
 local members, requeued, delays = {}, {}, {}
 -- Usually both are empty: one check per call instead of one HGET per lease each.
@@ -62,30 +63,93 @@ local function bury_malformed(member)
     malformed = malformed + 1
 end
 
--- The writes of each lease, sent in one call per key after the loop (lib/batch.lua).
-local taken_members, inflight_pairs, lease_pairs, owned_pairs = {}, {}, {}, {}
-local taken_keys = {}
-
-local function take(lane, member, key)
-    if #members == 0 then
-        -- The first write: Redis checks maxmemory only before a script's first write,
-        -- and ZREM is no "denyoom" command, so leases (which free memory once acked)
-        -- still work on a full Redis.
-        redis.call("ZREM", queue, member)
-        token = redis.call("INCR", seq)
-    else
-        taken_members[#taken_members + 1] = member
+-- Leasing goes in phases so that each kind of write is one call for the whole batch
+-- (lib/batch.lua, lib/lanes.lua): pick candidates lane by lane, check their keys
+-- with one HMGET, then write.
+local function pick(due)
+    local picked = {} -- { lane, member } in lease order
+    local busy_of = hmget_in_chunks(busy, due)
+    for i, lane in ipairs(due) do
+        if count <= #picked then
+            break
+        end
+        local want = math.min(concurrency - tonumber(busy_of[i] or "0"), count - #picked)
+        if want <= 0 then
+            host_schedule(lane) -- workers disagree on the concurrency: wait for a slot
+        else
+            local low, high = lane_range(lane)
+            local firsts = redis.call("ZRANGEBYLEX", queue, low, high, "LIMIT", 0, want)
+            if #firsts == 0 then
+                redis.call("HDEL", backlog, lane) -- the count was off: nothing queued
+                host_schedule(lane)
+            end
+            for _, first in ipairs(firsts) do
+                picked[#picked + 1] = { lane, first }
+            end
+        end
     end
-    taken_keys[key] = true
-    inflight_pairs[#inflight_pairs + 1] = key
-    inflight_pairs[#inflight_pairs + 1] = owner .. "\n" .. token .. "\n" .. member
-    lease_pairs[#lease_pairs + 1] = now_ms
-    lease_pairs[#lease_pairs + 1] = key
-    owned_pairs[#owned_pairs + 1] = 0
-    owned_pairs[#owned_pairs + 1] = owner .. "\n" .. key
-    members[#members + 1] = member
-    requeued[#requeued + 1] = any_requeues and tonumber(redis.call("HGET", requeues, key) or "0") or 0
-    delays[#delays + 1] = any_delays and redis.call("HGET", host_delay, lane) or ""
+    return picked
+end
+
+local function lease_picked(picked)
+    local keys, lanes_of = {}, {}
+    for i, pick_ in ipairs(picked) do
+        local lane, key = member_lane(pick_[2])
+        keys[i], lanes_of[i] = key or "", lane
+    end
+    local held = hmget_in_chunks(inflight, keys)
+    local taken, seen_keys, recount = {}, {}, {}
+    for i, pick_ in ipairs(picked) do
+        local lane, member, key = pick_[1], pick_[2], keys[i]
+        -- A member not written by enqueue: no lane or key, another lane's, or a key
+        -- already leased (in flight, or twice in this batch).
+        if lanes_of[i] ~= lane or held[i] or seen_keys[key] then
+            bury_malformed(member)
+            recount[#recount + 1] = lane
+        else
+            seen_keys[key] = true
+            taken[#taken + 1] = i
+        end
+    end
+    if #taken == 0 then
+        return recount
+    end
+    -- ZREM first: Redis checks maxmemory only before a script's first write, and ZREM
+    -- is no "denyoom" command, so leases (which free memory once acked) still work on
+    -- a full Redis.
+    local taken_members, inflight_pairs, lease_pairs, owned_pairs = {}, {}, {}, {}
+    for _, i in ipairs(taken) do
+        taken_members[#taken_members + 1] = picked[i][2]
+    end
+    call_in_chunks("ZREM", queue, taken_members)
+    token = redis.call("INCR", seq)
+    local lanes, moved = {}, {}
+    for _, i in ipairs(taken) do
+        local lane, member, key = picked[i][1], picked[i][2], keys[i]
+        inflight_pairs[#inflight_pairs + 1] = key
+        inflight_pairs[#inflight_pairs + 1] = owner .. "\n" .. token .. "\n" .. member
+        lease_pairs[#lease_pairs + 1] = now_ms
+        lease_pairs[#lease_pairs + 1] = key
+        owned_pairs[#owned_pairs + 1] = 0
+        owned_pairs[#owned_pairs + 1] = owner .. "\n" .. key
+        members[#members + 1] = member
+        requeued[#requeued + 1] = any_requeues and tonumber(redis.call("HGET", requeues, key) or "0") or 0
+        delays[#delays + 1] = any_delays and redis.call("HGET", host_delay, lane) or ""
+        if not moved[lane] then
+            lanes[#lanes + 1] = lane
+            moved[lane] = 0
+        end
+        moved[lane] = moved[lane] + 1
+    end
+    call_in_chunks("HSET", inflight, inflight_pairs)
+    call_in_chunks("ZADD", leases, lease_pairs)
+    call_in_chunks("ZADD", owned, owned_pairs)
+    local took = {}
+    for _, lane in ipairs(lanes) do
+        took[lane] = -moved[lane]
+    end
+    lanes_update(lanes, moved, took, nil, false)
+    return recount
 end
 
 -- Every member has score 0 (lex ranges need it); one that does not was not written
@@ -101,49 +165,12 @@ end
 
 if count > 0 then
     local due = redis.call("ZRANGEBYSCORE", hosts, "-inf", now_ms, "LIMIT", 0, count)
-    for _, lane in ipairs(due) do
-        if count <= #members then
-            break
-        end
-        local free = concurrency - tonumber(redis.call("HGET", busy, lane) or "0")
-        local want = math.min(free, count - #members)
-        local low, high = lane_range(lane)
-        local firsts = {}
-        if want > 0 then
-            firsts = redis.call("ZRANGEBYLEX", queue, low, high, "LIMIT", 0, want)
-        end
-        if want <= 0 then
-            host_schedule(lane) -- workers disagree on the concurrency: wait for a slot
-        elseif #firsts == 0 then
-            redis.call("HDEL", backlog, lane) -- the count was off: nothing queued
-            host_schedule(lane)
-        end
-        local taken = 0
-        for _, first in ipairs(firsts) do
-            local member_of, key = member_lane(first)
-            if member_of ~= lane or taken_keys[key] or redis.call("HEXISTS", inflight, key) == 1 then
-                bury_malformed(first)
-                -- It may never have been counted: count the lane again, with the
-                -- requests taken from it so far (host_acquired takes them off below).
-                call_in_chunks("ZREM", queue, taken_members)
-                taken_members = {}
-                redis.call("HSET", backlog, lane, redis.call("ZLEXCOUNT", queue, low, high) + taken)
-                host_schedule(lane)
-            else
-                take(lane, first, key)
-                taken = taken + 1
-            end
-        end
-        if taken > 0 then
-            host_acquired(lane, taken)
-        end
+    local recount = lease_picked(pick(due))
+    for _, lane in ipairs(recount) do
+        -- A buried member may never have been counted: count the lane again.
+        redis.call("HSET", backlog, lane, redis.call("ZLEXCOUNT", queue, lane_range(lane)))
+        host_schedule(lane)
     end
-end
-if #members > 0 then
-    call_in_chunks("ZREM", queue, taken_members)
-    call_in_chunks("HSET", inflight, inflight_pairs)
-    call_in_chunks("ZADD", leases, lease_pairs)
-    call_in_chunks("ZADD", owned, owned_pairs)
 end
 
 -- Repair: members no scheduled lane can reach (garbage, or counts gone wrong).

@@ -5,6 +5,8 @@ fencing rule lives in one place. Requires the local `inflight` (HASH key).
 fenced_member(key, owner, token) -> the queue member if the lease `key` is still
 held by `owner` under `token`, else nil (acked, requeued, or leased again since).
 entry_member(entry, owner, token) -> the same, from an entry already read (or false).
+entry_lane(entry, owner, token) -> the lane of such an entry (false if its member has
+none), or nil when it is not fenced.
 entry_parts(entry) -> owner, queue member.
 ]]
 local function entry_member(entry, owner, token)
@@ -13,6 +15,16 @@ local function entry_member(entry, owner, token)
         return string.sub(entry, #prefix + 1)
     end
     return nil
+end
+
+-- The lane of a fenced entry, read in place (no copy of the member): for acks.
+local function entry_lane(entry, owner, token)
+    local prefix = owner .. "\n" .. token .. "\n"
+    if not entry or string.sub(entry, 1, #prefix) ~= prefix then
+        return nil
+    end
+    local sep = string.find(entry, "\0", #prefix + 1, true)
+    return sep and string.sub(entry, #prefix + 1, sep - 1) or false
 end
 
 local function fenced_member(key, owner, token)

@@ -60,12 +60,6 @@ local function host_enqueued(lane)
     end
 end
 
--- n requests of the lane left the queue for in-flight: each takes a slot.
-local function host_acquired(lane, n)
-    host_schedule_with(lane, redis.call("HINCRBY", backlog, lane, -n),
-                       redis.call("HINCRBY", busy, lane, n))
-end
-
 -- A request (or n) of the lane left in-flight. rest_ms: the lane rests that long from now
 -- (a fetch ended); nil: no fetch happened, its next time stays as it was. Lanes due
 -- at once are scored with the time they became free, so the longest waiting goes

@@ -1,0 +1,88 @@
+--[[
+lanes library: the bookkeeping of lib/hosts.lua for many lanes at once, in a fixed
+number of calls (three HMGETs, then at most one write per key and kind) however
+many lanes a lease, an ack batch or an enqueue batch touches. Requires lib/hosts.lua
+and lib/batch.lua included first.
+
+lanes_update(lanes, d_busy, d_backlog, rests, nx)
+  lanes      the distinct lanes touched, in the order to handle them
+  d_busy     lane -> change of its in-flight count (+n leased, -n released), or nil
+  d_backlog  lane -> change of its queued count (+n enqueued, -n leased), or nil
+  rests      lane -> ms the lane rests from now (a fetch ended), or nil: no fetch
+  nx         true: a lane already in `hosts` keeps its time (new requests only add
+             lanes that were not due yet)
+
+A lane's time in `hosts` is its next time, or the time it became free if that is
+later: lanes due at once are served in the order they were freed. Only a rest that
+ends in the future is written to host_next.
+]]
+local function hmget_in_chunks(key, fields)
+    local values = {}
+    for i = 1, #fields, 1000 do
+        local chunk = redis.call("HMGET", key, unpack(fields, i, math.min(i + 999, #fields)))
+        for j = 1, #chunk do
+            values[#values + 1] = chunk[j]
+        end
+    end
+    return values
+end
+
+local function lanes_update(lanes, d_busy, d_backlog, rests, nx)
+    if #lanes == 0 then
+        return
+    end
+    local busy_of = hmget_in_chunks(busy, lanes)
+    local backlog_of = hmget_in_chunks(backlog, lanes)
+    local next_of = hmget_in_chunks(host_next, lanes)
+    local busy_set, busy_del, backlog_set, backlog_del = {}, {}, {}, {}
+    local next_set, due, not_due = {}, {}, {}
+    for i, lane in ipairs(lanes) do
+        local in_flight = tonumber(busy_of[i] or "0") + (d_busy and d_busy[lane] or 0)
+        local queued = tonumber(backlog_of[i] or "0") + (d_backlog and d_backlog[lane] or 0)
+        local next_at = tonumber(next_of[i] or "0")
+        local rest = rests and rests[lane]
+        if rest and now_ms + rest > next_at then
+            next_at = now_ms + rest
+            if rest > 0 then
+                next_set[#next_set + 1] = lane
+                next_set[#next_set + 1] = next_at
+            end
+        end
+        if d_busy and d_busy[lane] then
+            if in_flight > 0 then
+                busy_set[#busy_set + 1] = lane
+                busy_set[#busy_set + 1] = in_flight
+            else
+                busy_del[#busy_del + 1] = lane
+            end
+        end
+        if queued > 0 then
+            if d_backlog and d_backlog[lane] then
+                backlog_set[#backlog_set + 1] = lane
+                backlog_set[#backlog_set + 1] = queued
+            end
+            if in_flight >= concurrency then
+                not_due[#not_due + 1] = lane -- the release of a slot puts it back
+            else
+                due[#due + 1] = next_at
+                due[#due + 1] = lane
+            end
+        else
+            backlog_del[#backlog_del + 1] = lane
+            not_due[#not_due + 1] = lane
+        end
+    end
+    call_in_chunks("HSET", busy, busy_set)
+    call_in_chunks("HDEL", busy, busy_del)
+    call_in_chunks("HSET", backlog, backlog_set)
+    call_in_chunks("HDEL", backlog, backlog_del)
+    call_in_chunks("HSET", host_next, next_set)
+    call_in_chunks("ZREM", hosts, not_due)
+    if nx then
+        for i = 1, #due, 1000 do
+            redis.call("ZADD", hosts, "NX", unpack(due, i, math.min(i + 999, #due)))
+        end
+    else
+        call_in_chunks("ZADD", hosts, due)
+    end
+end
