@@ -38,9 +38,12 @@ def _registered_domain(hostname: str) -> str:
 
 
 def make_lane_function(mode: str) -> Callable[[str], str]:
-    """A URL -> lane function for ``REDISSPINE_POLITENESS_KEY`` (host or domain)."""
+    """A URL -> lane function for ``REDISSPINE_POLITENESS_KEY`` (host or domain).
 
-    @lru_cache(maxsize=65_536)
+    Called for every request: hostnames (few) are cached, URLs (nearly all
+    different) are not."""
+    domain_of = lru_cache(maxsize=65_536)(_registered_domain)
+
     def lane(url: str) -> str:
         try:
             hostname = urlsplit(url).hostname
@@ -48,7 +51,7 @@ def make_lane_function(mode: str) -> Callable[[str], str]:
             return NO_HOST_LANE
         if not hostname:
             return NO_HOST_LANE
-        return _registered_domain(hostname) if mode == "domain" else hostname
+        return domain_of(hostname) if mode == "domain" else hostname
 
     return lane
 

@@ -32,6 +32,15 @@ BUILTIN_REQUEST_CLASSES = (
 
 _NO_CALLBACK_NAME = "__scrapy_no_callback__"
 
+#: ``Request``'s defaults. A plain Request leaves out the fields that hold one: the
+#: queue stores every payload, and most requests are a URL and a callback. Decoding
+#: gives them back (a missing field takes the class's default).
+_DEFAULTS: dict[str, Any] = {
+    "method": "GET", "headers": [], "body": b"", "cookies": {}, "meta": {},
+    "encoding": "utf-8", "priority": 0, "dont_filter": False, "flags": [],
+    "cb_kwargs": {}, "callback": None, "errback": None,
+}
+
 #: What a payload may never name as a callback: scrapy.Spider's own attributes
 #: (``__init__``, ``start``, ``_set_crawler`` ...) except ``parse``.
 _SPIDER_MACHINERY = frozenset(name for name in dir(Spider) if name != "parse")
@@ -103,7 +112,12 @@ class RequestCodec:
         data["errback"] = self._name(request.errback, request, "errback")
         # Header names are bytes; a list of pairs keeps JSON able to carry them.
         data["headers"] = [[name, list(values)] for name, values in request.headers.items()]
-        if type(request) is not Request:
+        if type(request) is Request:
+            for field, default in _DEFAULTS.items():
+                value = data[field]
+                if value == default and type(value) is type(default):
+                    del data[field]
+        else:
             path = _class_path(type(request))
             if path not in self._allowed:
                 raise RequestEncodeError(

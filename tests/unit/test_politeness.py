@@ -577,6 +577,28 @@ def test_priority_is_honoured_within_a_lane(frontier: Frontier) -> None:
     assert order == [b"high", b"mid", b"low"]
 
 
+def test_batches_wider_than_one_redis_call_keep_the_books(
+    make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys
+) -> None:
+    # The hot scripts write a whole batch per call in chunks of 1000 arguments
+    # (lib/batch.lua, lib/lanes.lua): 1,200 lanes in one enqueue, lease and ack.
+    frontier = make_frontier("w1")
+    lanes = [f"h{i}.example" for i in range(1200)]
+    statuses = frontier.enqueue(
+        [_new(f"{lane}/{n}".encode(), lane) for n in range(2) for lane in lanes]
+    ).statuses
+    assert statuses == "+" * 2400
+    _assert_lane_bookkeeping(client, crawl_keys, 1)
+    leases = frontier.lease(5000).leases
+    assert sorted(lease.lane for lease in leases) == sorted(lanes), "one per lane"
+    _assert_lane_bookkeeping(client, crawl_keys, 1)
+    assert frontier.ack([(lease.key, lease.token, REST_MS) for lease in leases]) == 1200
+    _assert_lane_bookkeeping(client, crawl_keys, 1)
+    assert client.hlen(crawl_keys.host_next) == 1200
+    assert not frontier.lease(5000).leases, "every lane rests"
+    assert client.zcard(crawl_keys.hosts) == 1200
+
+
 def test_lane_bookkeeping_is_empty_after_a_whole_crawl(
     make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys
 ) -> None:

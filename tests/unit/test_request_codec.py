@@ -406,3 +406,28 @@ def test_msgpack_payload_is_smaller_than_json(spider: CodecSpider) -> None:
     large = RequestCodec(spider, get_serializer("json")).encode(request)
     assert len(small) < len(large)
     assert isinstance(msgpack.unpackb(small), dict)
+
+
+@pytest.mark.parametrize("serializer", SERIALIZERS)
+def test_plain_request_leaves_its_defaults_out(spider: CodecSpider, serializer: str) -> None:
+    codec = RequestCodec(spider, get_serializer(serializer))
+    plain = Request("http://example.com/a")
+    assert get_serializer(serializer).loads(codec.encode(plain)) == {"url": plain.url}
+    copy = codec.decode(codec.encode(plain))
+    assert _fields(copy) == _fields(plain)
+
+    # a field that differs from the default travels, even if falsy-looking
+    odd = Request("http://example.com/b", priority=-1, meta={"x": 0}, body=b"0", dont_filter=True)
+    data = get_serializer(serializer).loads(codec.encode(odd))
+    assert {"priority", "meta", "body", "dont_filter"} <= set(data)
+    assert "method" not in data
+    assert _fields(codec.decode(codec.encode(odd))) == _fields(odd)
+
+
+def test_subclasses_keep_every_field(spider: CodecSpider) -> None:
+    # their defaults may differ from Request's (FormRequest, JsonRequest...)
+    codec = RequestCodec(spider, get_serializer("msgpack"))
+    request = JsonRequest("http://example.com/api", data={"q": 1})
+    data = msgpack.unpackb(codec.encode(request))
+    assert set(Request.attributes) <= set(data)
+    assert _fields(codec.decode(codec.encode(request))) == _fields(request)

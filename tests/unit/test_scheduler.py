@@ -710,9 +710,9 @@ def test_a_full_buffer_sends_its_acks(
 
 
 def test_buffered_ack_rest_counts_from_the_end_of_the_fetch() -> None:
-    from scrapy_redisspine.scheduler import _ack_args
+    from scrapy_redisspine._sched_outbox import ack_args
 
-    sent = _ack_args([
+    sent = ack_args([
         ("k1", "t", 1000, 99.75),  # waited 250 ms: 750 ms of rest left (+1 for rounding)
         ("k2", "t", 1000, 95.0),  # waited longer than its rest
         ("k3", "t", 500, 100.0),  # sent at once
