@@ -5,14 +5,15 @@ memory queue (``scrapy``), its disk queue (``scrapy-disk``, a ``JOBDIR``),
 scrapy-redis's priority queue (``scrapy-redis``, from ``benchmarks/.venv-bench``, see
 ``crawl_compare.py``) and this plugin (``spine``). N requests spread over ~100 hosts
 (``http://h<i % hosts>.example/p/<i>``, all new), all enqueued first, then taken one
-by one with ``next_request()``; for the spine each taken request is acked as the
-engine does when it is done with it (``_on_request_done``: one round trip per ack,
-which also carries any requests that page yielded), with 16 free download slots so a
-lease takes up to 16 requests in one round trip. Redis memory per queued request is
+by one with ``next_request()``; for the spine each taken request is reported done as
+the engine does (``_on_request_done``: its ack waits in the outbox and travels with
+the next lease), with 16 free download slots so a lease takes up to 16 requests in
+one round trip. Redis memory per queued request is
 the ``used_memory`` growth after the enqueue phase, divided by N.
 
     .venv/bin/python benchmarks/scheduler_micro.py             # N=20000, 5 runs
-    .venv/bin/python benchmarks/scheduler_micro.py --rtt-ms 1  # also Redis 1 ms away
+    .venv/bin/python benchmarks/scheduler_micro.py --rtt-ms 1  # also Redis ~1 ms away
+    .venv/bin/python benchmarks/scheduler_micro.py --rtt-ms 1 --proxy-delay-ms 0.3  # calibrated
 
 Every implementation runs in its own process, interleaved, on a fresh redis-server.
 """

@@ -1,13 +1,16 @@
-"""CI smoke run of the crawl benchmark: tiny size, ours only, completeness not speed.
+"""CI smoke runs of the benchmarks: tiny sizes, ours only, completeness not speed.
 
 Keeps ``benchmarks/crawl_compare.py`` (and the latency proxy it uses for the
-remote-Redis runs) from rotting: every reachable page fetched, none twice.
+remote-Redis runs), ``scheduler_micro.py`` and ``micro_breakdown.py`` from rotting:
+every reachable page fetched once, every queued request taken back.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
+import subprocess
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -43,3 +46,21 @@ def test_crawl_benchmark_smoke(mode: str, rtt_ms: float) -> None:
     assert result["duplicates"] == 0, result
     assert result["pages"] == 40
     assert result["round_trips_per_page"] > 0  # the counting wrapper ran
+
+
+@pytest.mark.e2e
+def test_scheduler_micro_benchmark_smoke() -> None:
+    # every request taken back, through the 1 ms proxy too, and the breakdown adds up
+    command = [sys.executable, str(ROOT / "benchmarks" / "scheduler_micro.py"),
+               "--impls", "scrapy,spine", "--n", "300", "--runs", "1", "--rtt-ms", "1"]
+    out = subprocess.run(command, check=True, capture_output=True, text=True, timeout=120)
+    runs = [json.loads(line) for line in out.stdout.splitlines() if line.startswith('{"run"')]
+    assert {run["impl"] for run in runs} == {"scrapy", "spine", "spine@1ms"}
+    assert all(run["taken"] == 300 for run in runs), runs
+    assert next(run for run in runs if run["impl"] == "spine")["redis_bytes_per_request"] > 0
+
+    command = [sys.executable, str(ROOT / "benchmarks" / "micro_breakdown.py"), "--n", "300"]
+    out = subprocess.run(command, check=True, capture_output=True, text=True, timeout=120)
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert report["server_scripts_us"] > 0
+    assert report["send_and_lease_us"] > 0
