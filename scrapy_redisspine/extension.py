@@ -124,8 +124,10 @@ class Recovery:
             ceiling_ms=int(self.config.lease_ceiling_seconds * 1000),
             max_requeues=self.config.max_requeues,
             limit=_SWEEP_LIMIT,
-            # the dead worker may have been fetching: its lanes rest the default delay
+            # the dead worker may have been fetching: its lanes rest their delay
             rest_ms=int(scheduler.delays.default_seconds * 1000),
+            lane_rests={lane: int(seconds * 1000)
+                        for lane, seconds in scheduler.delays.overrides.items()},
         )
         if result.requeued or result.dead_lettered:
             self.stats.inc_value("redisspine/recovery/requeued", result.requeued)

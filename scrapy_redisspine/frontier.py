@@ -21,7 +21,7 @@ from scrapy_redisspine.control import record_progress
 from scrapy_redisspine.scripts import ScriptSet
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Sequence
+    from collections.abc import Iterable, Mapping, Sequence
 
     from scrapy_redisspine.keys import CrawlKeys
 
@@ -401,15 +401,25 @@ class Frontier:
         max_requeues: int,
         limit: int = 1000,
         rest_ms: int = 0,
+        lane_rests: Mapping[str, int] | None = None,
     ) -> SweepResult:
-        """Requeue leases of silent workers and leases past the ceiling (any worker)."""
+        """Requeue leases of silent workers and leases past the ceiling (any worker).
+
+        A requeued request's lane rests ``rest_ms`` (its lane's own in ``lane_rests``),
+        and at least its robots.txt Crawl-delay: the dead worker may have been
+        fetching from it.
+        """
         k = self.keys
+        args: list[str | int] = [timeout_ms, ceiling_ms, max_requeues, limit, self.concurrency,
+                                 rest_ms]
+        for lane, rest in (lane_rests or {}).items():
+            args += [lane, rest]
         requeued, dead, removed = self._scripts["requeue_stale"](
             keys=[
                 k.workers, k.owned, k.inflight, k.leases, k.queue, k.dead, k.requeues, k.stats,
-                *self._host_keys(),
+                *self._host_keys(), k.host_delay,
             ],
-            args=[timeout_ms, ceiling_ms, max_requeues, limit, self.concurrency, rest_ms],
+            args=args,
         )
         return SweepResult(int(requeued), int(dead), int(removed))
 

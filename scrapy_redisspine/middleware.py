@@ -13,6 +13,7 @@ middleware call could match (it would add a round trip and a window for loss).
 
 from __future__ import annotations
 
+import datetime
 import email.utils
 import logging
 import time
@@ -47,6 +48,8 @@ def parse_retry_after(value: bytes | str | None, now: float | None = None) -> fl
         moment = email.utils.parsedate_to_datetime(text)
     except (TypeError, ValueError):
         return None
+    if moment.tzinfo is None:  # "-0000" or no zone: an HTTP date is always GMT
+        moment = moment.replace(tzinfo=datetime.timezone.utc)
     return max(moment.timestamp() - (time.time() if now is None else now), 0.0)
 
 

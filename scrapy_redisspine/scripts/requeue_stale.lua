@@ -19,6 +19,7 @@ KEYS[9]  hosts     ZSET   (lib/hosts.lua)
 KEYS[10] busy      HASH   (lib/hosts.lua)
 KEYS[11] backlog   HASH   (lib/hosts.lua)
 KEYS[12] host_next HASH   (lib/hosts.lua)
+KEYS[13] host_delay HASH  lane -> Crawl-delay (s) learned from robots.txt
 
 ARGV[1]  timeout_ms    a worker silent for longer is dead
 ARGV[2]  ceiling_ms    a lease older than this is requeued even if its owner lives
@@ -27,7 +28,8 @@ ARGV[3]  max_requeues  a lease requeued more often goes to the dead letters
 ARGV[4]  limit         most leases handled in one call (bounds the call's time)
 ARGV[5]  concurrency   most requests of one lane in flight fleet-wide
 ARGV[6]  rest_ms       how long a requeued request's lane rests (the dead worker
-                       may have been fetching from it)
+                       may have been fetching from it), at least its Crawl-delay
+ARGV[7 ..]             pairs: lane, rest (ms) of lanes with a delay of their own
 
 Returns { requeued, dead_lettered, workers_removed }.
 ]]
@@ -36,7 +38,11 @@ local queue, dead, requeues, stats = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local timeout_ms, ceiling_ms = tonumber(ARGV[1]), tonumber(ARGV[2])
 local max_requeues, limit = tonumber(ARGV[3]), tonumber(ARGV[4])
 local concurrency, rest_ms = tonumber(ARGV[5]), tonumber(ARGV[6])
-local hosts, busy, backlog, host_next = KEYS[9], KEYS[10], KEYS[11], KEYS[12]
+local hosts, busy, backlog, host_next, host_delay = KEYS[9], KEYS[10], KEYS[11], KEYS[12], KEYS[13]
+local lane_rests = {}
+for i = 7, #ARGV - 1, 2 do
+    lane_rests[ARGV[i]] = tonumber(ARGV[i + 1])
+end
 local time = redis.call("TIME")
 local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 -- #include hosts

@@ -100,3 +100,20 @@ def make_frontier(
 @pytest.fixture
 def frontier(make_frontier: FrontierFactory) -> Frontier:
     return make_frontier()
+
+
+class StubHooks:
+    """Stands in for the engine hooks: reports free download slots, wakes nothing."""
+
+    def __init__(self, free_slots: int) -> None:
+        self.free_slots = free_slots
+        self.wakes = 0
+
+    def free_download_slots(self) -> int:
+        return self.free_slots
+
+    def wake(self) -> None:
+        self.wakes += 1
+
+    def uninstall(self) -> None:
+        pass

@@ -577,6 +577,35 @@ def test_priority_is_honoured_within_a_lane(frontier: Frontier) -> None:
     assert order == [b"high", b"mid", b"low"]
 
 
+def test_a_sweep_rests_each_lane_for_its_own_delay(
+    make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys
+) -> None:
+    # The dead worker may have been fetching: a requeued request's lane rests the
+    # sweep's default, its own delay (REDISSPINE_HOST_DELAYS) or its robots.txt
+    # Crawl-delay, whichever is longest; the no-host lane never rests.
+    dead, sweeper = make_frontier("dead"), make_frontier("sweeper")
+    lanes = ["plain.example", "override.example", "robots.example", ""]
+    dead.enqueue([_new(f"{lane}/1".encode(), lane) for lane in lanes])
+    dead.set_crawl_delay("robots.example", 30.0)
+    dead.set_crawl_delay("", 30.0)  # ignored for the no-host lane
+    assert len(dead.lease(10).leases) == 4
+    _silence(client, "dead")
+    before = _server_ms(client)
+    result = sweeper.requeue_stale(
+        timeout_ms=TIMEOUT_MS, ceiling_ms=0, max_requeues=3, rest_ms=5_000,
+        lane_rests={"override.example": 60_000},
+    )
+    assert result.requeued == 4
+    due = {lane.decode(): int(score) - before
+           for lane, score in client.zrange(crawl_keys.hosts, 0, -1, withscores=True)}
+    assert 4_000 <= due["plain.example"] <= 5_100
+    assert 59_000 <= due["override.example"] <= 60_100
+    assert 29_000 <= due["robots.example"] <= 30_100
+    assert due[""] <= 100
+    assert _lanes(sweeper) == [""], "only the no-host lane is due"
+    _assert_lane_bookkeeping(client, crawl_keys, 1)
+
+
 def test_batches_wider_than_one_redis_call_keep_the_books(
     make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys
 ) -> None:
@@ -756,6 +785,21 @@ class TestParseRetryAfter:
     )
     def test_seconds_and_http_dates(self, value: str | bytes, seconds: float) -> None:
         assert parse_retry_after(value, now=NOW) == seconds
+
+    @pytest.mark.parametrize(
+        "value", ["Wed, 21 Oct 2015 07:29:30 -0000", "Wed, 21 Oct 2015 07:29:30"]
+    )
+    def test_http_date_without_a_zone_is_gmt(
+        self, value: str, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        # not the machine's local time, whatever TZ says
+        monkeypatch.setenv("TZ", "America/New_York")
+        time.tzset()
+        try:
+            assert parse_retry_after(value, now=NOW) == 90.0
+        finally:
+            monkeypatch.undo()
+            time.tzset()
 
     def test_http_date_is_relative_to_now(self) -> None:
         value = email.utils.formatdate(time.time() + 60, usegmt=True)

@@ -40,6 +40,7 @@ from scrapy_redisspine.politeness import DelayPolicy
 from scrapy_redisspine.scheduler import Scheduler
 from scrapy_redisspine.settings import ConfigError, load_config
 from scrapy_redisspine.testing.redis_server import RedisServer
+from tests.unit.conftest import StubHooks
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -680,21 +681,6 @@ class SchedSpider(Spider):
         pass
 
 
-class StubHooks:
-    def __init__(self, free_slots: int) -> None:
-        self.free_slots = free_slots
-        self.wakes = 0
-
-    def free_download_slots(self) -> int:
-        return self.free_slots
-
-    def wake(self) -> None:
-        self.wakes += 1
-
-    def uninstall(self) -> None:
-        pass
-
-
 def _open_scheduler(url: str, worker_id: str = "w1", **settings: Any) -> Scheduler:
     config = load_config(
         {
@@ -1067,6 +1053,7 @@ class TestRecoveryExtension:
             {
                 "timeout_ms": 30_000, "ceiling_ms": 3_600_000, "max_requeues": 3, "limit": 1000,
                 "rest_ms": 0,
+                "lane_rests": {},
             }
         ]
 
@@ -1098,7 +1085,8 @@ class TestRecoveryExtension:
         clock.advance(10)
         recovery.sweep()
         assert scheduler.frontier.sweeps == [
-            {"timeout_ms": 10_000, "ceiling_ms": 0, "max_requeues": 7, "limit": 1000, "rest_ms": 0}
+            {"timeout_ms": 10_000, "ceiling_ms": 0, "max_requeues": 7, "limit": 1000, "rest_ms": 0,
+             "lane_rests": {}}
         ]
 
     def test_requeued_lanes_rest_the_default_delay(self) -> None:
@@ -1111,6 +1099,17 @@ class TestRecoveryExtension:
         recovery.sweep()
         (sweep,) = scheduler.frontier.sweeps
         assert sweep["rest_ms"] == 2_500
+
+    def test_requeued_lanes_with_a_delay_of_their_own_rest_it(self) -> None:
+        clock = FakeClock()
+        recovery, _ = _recovery()
+        scheduler = StubScheduler(clock, delay=2.5)
+        scheduler.delays.overrides = {"slow.example": 20.0, "fast.example": 0.0}
+        recovery.scheduler = scheduler  # type: ignore[assignment]
+        clock.advance(30)
+        recovery.sweep()
+        (sweep,) = scheduler.frontier.sweeps
+        assert sweep["lane_rests"] == {"slow.example": 20_000, "fast.example": 0}
 
     def test_sets_fleet_stats_and_wakes_the_scheduler_after_requeuing(self) -> None:
         clock = FakeClock()

@@ -30,6 +30,7 @@ from scrapy_redisspine.frontier import CorruptKeyError, Frontier, NewRequest
 from scrapy_redisspine.keys import CrawlKeys
 from scrapy_redisspine.scheduler import Scheduler
 from scrapy_redisspine.settings import load_config
+from tests.unit.conftest import StubHooks
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -49,23 +50,6 @@ class SchedSpider(Spider):
         pass
 
     def parse_item(self, response: Any) -> None:
-        pass
-
-
-class StubHooks:
-    """Stands in for the engine hooks: reports free download slots, wakes nothing."""
-
-    def __init__(self, free_slots: int) -> None:
-        self.free_slots = free_slots
-        self.wakes = 0
-
-    def free_download_slots(self) -> int:
-        return self.free_slots
-
-    def wake(self) -> None:
-        self.wakes += 1
-
-    def uninstall(self) -> None:
         pass
 
 

@@ -1,12 +1,26 @@
 --[[
 requeue library: put one lease back in the queue, or into the dead letters once it
 was requeued too often. Requires lib/hosts.lua and lib/entry.lua included first, and the locals
-queue, inflight, leases, owned, requeues, dead (keys), max_requeues (number) and
-rest_ms (how long the lane rests: its dead worker may have been mid-fetch).
+queue, inflight, leases, owned, requeues, dead, host_delay (keys), max_requeues
+(number), rest_ms and lane_rests (how long a lane rests: its dead worker may have been
+mid-fetch; rest_ms by default, lane_rests[lane] where a lane has its own delay, and at
+least the lane's robots.txt Crawl-delay from host_delay).
 
 requeue_lease(key, reason) -> "q" requeued, "d" dead-lettered, "" nothing to do
 (already acked, released or requeued: this is what makes concurrent sweeps safe).
 ]]
+local function requeue_rest(lane)
+    if lane == "" then
+        return 0 -- URLs without a host are never delayed (politeness.py)
+    end
+    local rest = lane_rests[lane] or rest_ms
+    local crawl_delay = tonumber(redis.call("HGET", host_delay, lane) or "")
+    if crawl_delay then
+        rest = math.max(rest, math.floor(crawl_delay * 1000))
+    end
+    return rest
+end
+
 local function requeue_lease(key, reason)
     local entry = redis.call("HGET", inflight, key)
     if not entry then
@@ -30,7 +44,7 @@ local function requeue_lease(key, reason)
         redis.call("HINCRBY", backlog, lane, 1)
     end
     if lane then
-        host_released(lane, rest_ms)
+        host_released(lane, requeue_rest(lane))
     end
     return outcome
 end
