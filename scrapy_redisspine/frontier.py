@@ -7,6 +7,10 @@ Invariant kept: a request is always in exactly one of ``queue``, ``inflight`` (w
 its owner) or ``dead``; it leaves ``inflight`` only through ``ack`` (its processing
 is done and its children are queued in the same step), ``release`` (back to the
 queue) or ``bury`` (dead letters).
+
+The upkeep operations (key checks, sweeps, dead letters, counters, purging) live in
+``_frontier_upkeep``, a base class of ``Frontier``; the queue member format in
+``members``. Both are re-exported here.
 """
 
 from __future__ import annotations
@@ -17,53 +21,31 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
-from scrapy_redisspine.control import record_progress
+from scrapy_redisspine._frontier_upkeep import (
+    EXPECTED_TYPES,
+    CorruptKeyError,
+    DeadLetter,
+    FrontierUpkeep,
+    SweepResult,
+)
+from scrapy_redisspine.members import (
+    ORDER_KEY_LENGTH,
+    PRIORITY_KEY_LENGTH,
+    priority_key,
+    split_member,
+)
 from scrapy_redisspine.scripts import ScriptSet
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Mapping, Sequence
+    from collections.abc import Iterable, Sequence
 
     from scrapy_redisspine.keys import CrawlKeys
 
-ORDER_KEY_LENGTH = 15
-PRIORITY_KEY_LENGTH = 10
-
-#: Redis type each key must have when it exists (``TYPE`` reply).
-EXPECTED_TYPES = {
-    "queue": b"zset",
-    "hosts": b"zset",
-    "busy": b"hash",
-    "backlog": b"hash",
-    "host_next": b"hash",
-    "host_delay": b"hash",
-    "inflight": b"hash",
-    "leases": b"zset",
-    "owned": b"zset",
-    "requeues": b"hash",
-    "seq": b"string",
-    "seen": b"set",
-    "dedup": b"hash",
-    "starts": b"set",
-    "dead": b"hash",
-    "workers": b"zset",
-    "stats": b"hash",
-    "control": b"hash",
-    "fleet_stats": b"hash",
-    "progress": b"zset",
-}
-
-
-class CorruptKeyError(RuntimeError):
-    """A crawl key holds a value of the wrong Redis type."""
-
-
-_PRIORITY_MAX = 2**31 - 1
-
-
-def priority_key(priority: int) -> str:
-    """10 digits that sort the higher priority first (clamped to 32 bits)."""
-    clamped = max(-_PRIORITY_MAX - 1, min(_PRIORITY_MAX, priority))
-    return f"{_PRIORITY_MAX - clamped:010d}"
+__all__ = [
+    "EXPECTED_TYPES", "ORDER_KEY_LENGTH", "PRIORITY_KEY_LENGTH", "Ack", "CorruptKeyError",
+    "DeadLetter", "EnqueueResult", "Frontier", "Lease", "LeaseBatch", "LeaseHandle",
+    "NewRequest", "SweepResult", "priority_key", "split_member",
+]
 
 
 @dataclass(frozen=True)
@@ -86,17 +68,6 @@ class NewRequest:
     def flags(self) -> str:
         flags = ("f" if not self.dont_filter else "") + ("s" if self.is_start else "")
         return flags or "-"
-
-
-def split_member(member: bytes) -> tuple[str, str, bytes]:
-    """(lane, order key, payload) of a queue member."""
-    sep = member.index(b"\0")
-    start = sep + 1 + PRIORITY_KEY_LENGTH
-    return (
-        member[:sep].decode("utf-8", "replace"),
-        member[start:start + ORDER_KEY_LENGTH].decode("ascii"),
-        member[start + ORDER_KEY_LENGTH:],
-    )
 
 
 @dataclass(frozen=True)
@@ -136,21 +107,6 @@ class LeaseBatch:
 
 
 @dataclass(frozen=True)
-class SweepResult:
-    requeued: int
-    dead_lettered: int
-    workers_removed: int
-
-
-@dataclass(frozen=True)
-class DeadLetter:
-    field: str
-    reason: str
-    lane: str
-    payload: bytes
-
-
-@dataclass(frozen=True)
 class EnqueueResult:
     """Per request: ``+`` enqueued, ``d`` duplicate, ``s`` start already injected,
     ``c`` dropped because its lane's backlog is at the cap."""
@@ -185,7 +141,7 @@ def _lease_batch(reply: Any) -> LeaseBatch:
     return LeaseBatch(leases, int(queued), int(inflight), int(malformed), int(wait_ms))
 
 
-class Frontier:
+class Frontier(FrontierUpkeep):
     """One worker's handle on a crawl's shared frontier.
 
     Keys touched: queue, inflight, leases, seq, seen, starts, dead, workers, stats,
@@ -211,26 +167,6 @@ class Frontier:
         self.concurrency = concurrency
         self.backlog_cap = backlog_cap
         self._scripts = ScriptSet(client)
-
-    def _host_keys(self) -> list[str]:
-        k = self.keys
-        return [k.hosts, k.busy, k.backlog, k.host_next]
-
-    def check_key_types(self) -> None:
-        """Fail early, naming the key, if a crawl key holds the wrong type."""
-        pipe = self.client.pipeline(transaction=False)
-        names = list(EXPECTED_TYPES)
-        for name in names:
-            pipe.type(getattr(self.keys, name))
-        for name, reply in zip(names, pipe.execute(), strict=True):
-            found = reply.encode() if isinstance(reply, str) else reply
-            if found not in (b"none", EXPECTED_TYPES[name]):
-                key = getattr(self.keys, name)
-                raise CorruptKeyError(
-                    f"Redis key {key!r} holds a {found.decode()}, expected a "
-                    f"{EXPECTED_TYPES[name].decode()}; it was not written by "
-                    f"scrapy_redisspine. Delete it or use another crawl id."
-                )
 
     def register(self, *, flush: bool, alive_ms: int) -> tuple[bool, int]:
         """Announce this worker; flush first if asked and no other worker is alive.
@@ -392,97 +328,6 @@ class Frontier:
     def set_crawl_delay(self, lane: str, seconds: float) -> None:
         """Share a lane's robots.txt Crawl-delay with the fleet."""
         self.client.hset(self.keys.host_delay, lane, f"{seconds:g}")
-
-    def requeue_stale(
-        self,
-        *,
-        timeout_ms: int,
-        ceiling_ms: int,
-        max_requeues: int,
-        limit: int = 1000,
-        rest_ms: int = 0,
-        lane_rests: Mapping[str, int] | None = None,
-    ) -> SweepResult:
-        """Requeue leases of silent workers and leases past the ceiling (any worker).
-
-        A requeued request's lane rests ``rest_ms`` (its lane's own in ``lane_rests``),
-        and at least its robots.txt Crawl-delay: the dead worker may have been
-        fetching from it.
-        """
-        k = self.keys
-        args: list[str | int] = [timeout_ms, ceiling_ms, max_requeues, limit, self.concurrency,
-                                 rest_ms]
-        for lane, rest in (lane_rests or {}).items():
-            args += [lane, rest]
-        requeued, dead, removed = self._scripts["requeue_stale"](
-            keys=[
-                k.workers, k.owned, k.inflight, k.leases, k.queue, k.dead, k.requeues, k.stats,
-                *self._host_keys(), k.host_delay,
-            ],
-            args=args,
-        )
-        return SweepResult(int(requeued), int(dead), int(removed))
-
-    def dead_letters(self, limit: int = 100) -> list[DeadLetter]:
-        """Up to ``limit`` dead letters (HSCAN: never blocks Redis on a big crawl)."""
-        letters: list[DeadLetter] = []
-        for field, value in self.client.hscan_iter(self.keys.dead, count=limit):
-            reason, member = value.split(b"\n", 1)
-            try:
-                lane, _, payload = split_member(member)
-            except (ValueError, UnicodeDecodeError):
-                lane, payload = "", member
-            letters.append(
-                DeadLetter(field.decode(), reason.decode(errors="replace"), lane, payload)
-            )
-            if len(letters) >= limit:
-                break
-        return letters
-
-    def reinject_dead(self, fields: Iterable[str]) -> int:
-        """Put dead letters back in the queue with a fresh requeue budget."""
-        fields = list(fields)
-        if not fields:
-            return 0
-        k = self.keys
-        return int(
-            self._scripts["reinject_dead"](
-                keys=[k.dead, k.queue, k.requeues, k.stats, *self._host_keys()],
-                args=[self.concurrency, *fields],
-            )
-        )
-
-    def counts(self) -> tuple[int, int]:
-        """(queued, in flight) fleet-wide, in one round trip."""
-        pipe = self.client.pipeline(transaction=False)
-        pipe.zcard(self.keys.queue)
-        pipe.hlen(self.keys.inflight)
-        queued, inflight = pipe.execute()
-        return int(queued), int(inflight)
-
-    def fleet_stats(self) -> dict[str, int]:
-        """The crawl's fleet-wide counters (a small HASH of a dozen fields)."""
-        raw: dict[bytes, bytes] = self.client.hgetall(self.keys.stats)  # type: ignore[assignment]
-        return {name.decode(): int(value) for name, value in raw.items()}
-
-    def workers_alive(self, timeout_ms: int) -> int:
-        """Workers whose last heartbeat is younger than ``timeout_ms`` (server time)."""
-        seconds, micros = self.client.time()
-        now_ms = seconds * 1000 + micros // 1000
-        return int(self.client.zcount(self.keys.workers, now_ms - timeout_ms, "+inf"))
-
-    def record_progress(self, worker_acks: int, fleet_acks: int) -> None:
-        """Add a rate sample (this worker's and the fleet's acks) to ``progress``."""
-        record_progress(self.client, self.keys, self.worker_id, worker_acks, fleet_acks)
-
-    def purge_if_done(self) -> bool:
-        """Delete the crawl's keys if nothing is queued or in flight."""
-        k = self.keys
-        rest = [key for key in k.all_crawl_keys() if key not in (k.queue, k.inflight)]
-        purged = bool(self._scripts["purge_if_done"](keys=[k.queue, k.inflight, *rest], args=[]))
-        if purged:  # a separate command: the registry lies outside the crawl's slot
-            self.client.srem(k.crawls, k.crawl_id)
-        return purged
 
     def push(self, requests: Sequence[NewRequest]) -> EnqueueResult:
         """Add requests from outside a crawl (e.g. a seeding script)."""

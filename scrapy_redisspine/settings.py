@@ -8,17 +8,24 @@ tests can build a config from a plain mapping.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from scrapy_redisspine._settings_checks import (
+    ConfigError,
+    as_bool,
+    as_choice,
+    as_delays,
+    as_names,
+    as_number,
+    as_optional_str,
+    as_str_tuple,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
-
-class ConfigError(ValueError):
-    """A setting has a value the plugin cannot use."""
-
+__all__ = ["DEFAULTS", "SETTINGS", "ConfigError", "Setting", "SpineConfig", "load_config"]
 
 @dataclass(frozen=True)
 class Setting:
@@ -201,53 +208,6 @@ class SpineConfig:
     dedup_extra_tracking_params: tuple[str, ...] = ()
 
 
-def _as_bool(name: str, value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, (int, str)) and str(value).strip().lower() in (
-        "1", "0", "true", "false", "yes", "no", "on", "off",
-    ):
-        return str(value).strip().lower() in ("1", "true", "yes", "on")
-    raise ConfigError(f"{name} must be a boolean, got {value!r}")
-
-
-def _as_number(name: str, value: Any, kind: Callable[[Any], Any], minimum: float) -> Any:
-    if isinstance(value, bool):
-        raise ConfigError(f"{name} must be a number, got {value!r}")
-    try:
-        number = kind(float(value)) if kind is float else kind(value)
-        if kind is int and isinstance(value, float) and number != value:
-            raise ValueError
-    except (TypeError, ValueError, OverflowError):
-        raise ConfigError(f"{name} must be a {kind.__name__}, got {value!r}") from None
-    if not math.isfinite(number) or number < minimum:
-        raise ConfigError(f"{name} must be a finite number >= {minimum}, got {value!r}")
-    return number
-
-
-def _as_choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
-    text = str(value).strip().lower()
-    if text not in choices:
-        raise ConfigError(f"{name} must be one of {', '.join(choices)}; got {value!r}")
-    return text
-
-
-def _as_optional_str(name: str, value: Any) -> str | None:
-    if value is None or value == "":
-        return None
-    if not isinstance(value, str):
-        raise ConfigError(f"{name} must be a string, got {value!r}")
-    return value
-
-
-def _as_str_tuple(name: str, value: Any) -> tuple[str, ...]:
-    if isinstance(value, str):
-        value = [part.strip() for part in value.split(",") if part.strip()]
-    if not isinstance(value, (list, tuple)) or not all(isinstance(item, str) for item in value):
-        raise ConfigError(f"{name} must be a list of dotted paths, got {value!r}")
-    return tuple(value)
-
-
 _BLOOM_BACKENDS = ("auto", "redisbloom", "bitmap", "none")
 _MAX_MIGRATION_CHUNK = 5000  # Lua's C stack bounds unpack() of one chunk
 
@@ -256,52 +216,36 @@ def _dedup_settings(get: Callable[[str], Any]) -> dict[str, Any]:
     """The dedup fields of :class:`SpineConfig`, checked (the Bloom plan must fit)."""
     from scrapy_redisspine.bloom import plan_layers
 
-    error_rate = _as_number("REDISSPINE_BLOOM_ERROR_RATE", get("REDISSPINE_BLOOM_ERROR_RATE"),
+    error_rate = as_number("REDISSPINE_BLOOM_ERROR_RATE", get("REDISSPINE_BLOOM_ERROR_RATE"),
                             float, 0)
     if not 0 < error_rate < 1:
         raise ConfigError(f"REDISSPINE_BLOOM_ERROR_RATE must be between 0 and 1, got {error_rate!r}")
-    capacity = _as_number("REDISSPINE_BLOOM_CAPACITY", get("REDISSPINE_BLOOM_CAPACITY"), int, 1)
+    capacity = as_number("REDISSPINE_BLOOM_CAPACITY", get("REDISSPINE_BLOOM_CAPACITY"), int, 1)
     try:
         plan_layers(capacity, error_rate)
     except ValueError as exc:
         raise ConfigError(f"REDISSPINE_BLOOM_CAPACITY: {exc}") from None
-    chunk = _as_number("REDISSPINE_DEDUP_MIGRATION_CHUNK_SIZE",
+    chunk = as_number("REDISSPINE_DEDUP_MIGRATION_CHUNK_SIZE",
                        get("REDISSPINE_DEDUP_MIGRATION_CHUNK_SIZE"), int, 1)
     if chunk > _MAX_MIGRATION_CHUNK:
         raise ConfigError(f"REDISSPINE_DEDUP_MIGRATION_CHUNK_SIZE must be at most "
                           f"{_MAX_MIGRATION_CHUNK}, got {chunk!r}")
     return {
-        "dedup_set_max_fingerprints": _as_number(
+        "dedup_set_max_fingerprints": as_number(
             "REDISSPINE_DEDUP_SET_MAX_FINGERPRINTS", get("REDISSPINE_DEDUP_SET_MAX_FINGERPRINTS"),
             int, 0),
-        "bloom_backend": _as_choice("REDISSPINE_BLOOM_BACKEND", get("REDISSPINE_BLOOM_BACKEND"),
+        "bloom_backend": as_choice("REDISSPINE_BLOOM_BACKEND", get("REDISSPINE_BLOOM_BACKEND"),
                                     _BLOOM_BACKENDS),
         "bloom_capacity": capacity,
         "bloom_error_rate": error_rate,
         "dedup_migration_chunk_size": chunk,
-        "dedup_check_seconds": _as_number("REDISSPINE_DEDUP_CHECK_SECONDS",
+        "dedup_check_seconds": as_number("REDISSPINE_DEDUP_CHECK_SECONDS",
                                           get("REDISSPINE_DEDUP_CHECK_SECONDS"), float, 0.01),
-        "dedup_strip_tracking_params": _as_bool("REDISSPINE_DEDUP_STRIP_TRACKING_PARAMS",
+        "dedup_strip_tracking_params": as_bool("REDISSPINE_DEDUP_STRIP_TRACKING_PARAMS",
                                                 get("REDISSPINE_DEDUP_STRIP_TRACKING_PARAMS")),
-        "dedup_extra_tracking_params": _as_names("REDISSPINE_DEDUP_EXTRA_TRACKING_PARAMS",
+        "dedup_extra_tracking_params": as_names("REDISSPINE_DEDUP_EXTRA_TRACKING_PARAMS",
                                                  get("REDISSPINE_DEDUP_EXTRA_TRACKING_PARAMS")),
     }
-
-
-def _as_delays(name: str, value: Any) -> tuple[tuple[str, float], ...]:
-    if isinstance(value, str):
-        import json
-
-        try:
-            value = json.loads(value) if value.strip() else {}
-        except ValueError:
-            raise ConfigError(f"{name} must be a dict of lane -> seconds, got {value!r}") from None
-    if not isinstance(value, dict):
-        raise ConfigError(f"{name} must be a dict of lane -> seconds, got {value!r}")
-    return tuple(
-        (str(lane).lower(), _as_number(f"{name}[{lane!r}]", seconds, float, 0))
-        for lane, seconds in value.items()
-    )
 
 
 def _politeness_settings(get: Callable[[str], Any], settings: Mapping[str, Any]) -> dict[str, Any]:
@@ -316,36 +260,26 @@ def _politeness_settings(get: Callable[[str], Any], settings: Mapping[str, Any])
         jitter is None
         or (priority("RANDOMIZE_DOWNLOAD_DELAY") or 0) > (priority("DOWNLOAD_DELAY_JITTER") or 0)
     ):
-        jitter = 0.5 if _as_bool("RANDOMIZE_DOWNLOAD_DELAY", randomize) else 0.0
+        jitter = 0.5 if as_bool("RANDOMIZE_DOWNLOAD_DELAY", randomize) else 0.0
     elif jitter is None:
         jitter = 0.5
     return {
-        "host_concurrency": _as_number(
+        "host_concurrency": as_number(
             "REDISSPINE_HOST_CONCURRENCY", get("REDISSPINE_HOST_CONCURRENCY"), int, 1),
-        "politeness_key": _as_choice(
+        "politeness_key": as_choice(
             "REDISSPINE_POLITENESS_KEY", get("REDISSPINE_POLITENESS_KEY"), ("host", "domain")),
-        "host_delays": _as_delays("REDISSPINE_HOST_DELAYS", get("REDISSPINE_HOST_DELAYS")),
-        "max_crawl_delay_seconds": _as_number(
+        "host_delays": as_delays("REDISSPINE_HOST_DELAYS", get("REDISSPINE_HOST_DELAYS")),
+        "max_crawl_delay_seconds": as_number(
             "REDISSPINE_MAX_CRAWL_DELAY_SECONDS", get("REDISSPINE_MAX_CRAWL_DELAY_SECONDS"),
             float, 0),
-        "max_retry_after_seconds": _as_number(
+        "max_retry_after_seconds": as_number(
             "REDISSPINE_MAX_RETRY_AFTER_SECONDS", get("REDISSPINE_MAX_RETRY_AFTER_SECONDS"),
             float, 0),
-        "host_backlog_cap": _as_number(
+        "host_backlog_cap": as_number(
             "REDISSPINE_HOST_BACKLOG_CAP", get("REDISSPINE_HOST_BACKLOG_CAP"), int, 0),
-        "download_delay": _as_number("DOWNLOAD_DELAY", 0 if delay is None else delay, float, 0),
-        "download_delay_jitter": _as_number("DOWNLOAD_DELAY_JITTER", jitter, float, 0),
+        "download_delay": as_number("DOWNLOAD_DELAY", 0 if delay is None else delay, float, 0),
+        "download_delay_jitter": as_number("DOWNLOAD_DELAY_JITTER", jitter, float, 0),
     }
-
-
-def _as_names(name: str, value: Any) -> tuple[str, ...]:
-    if isinstance(value, str):
-        value = [part.strip() for part in value.split(",") if part.strip()]
-    if not isinstance(value, (list, tuple)) or not all(
-        isinstance(item, str) and item.strip() for item in value
-    ):
-        raise ConfigError(f"{name} must be a list of parameter names, got {value!r}")
-    return tuple(item.strip() for item in value)
 
 
 def load_config(settings: Mapping[str, Any]) -> SpineConfig:
@@ -355,55 +289,55 @@ def load_config(settings: Mapping[str, Any]) -> SpineConfig:
         value = settings.get(name)
         return DEFAULTS[name] if value is None else value
 
-    url = _as_optional_str("REDISSPINE_REDIS_URL", settings.get("REDISSPINE_REDIS_URL"))
+    url = as_optional_str("REDISSPINE_REDIS_URL", settings.get("REDISSPINE_REDIS_URL"))
     if url is None:
-        url = _as_optional_str("REDIS_URL", settings.get("REDIS_URL"))
+        url = as_optional_str("REDIS_URL", settings.get("REDIS_URL"))
     config = SpineConfig(
         redis_url=url,
-        crawl_id=_as_optional_str("REDISSPINE_CRAWL_ID", get("REDISSPINE_CRAWL_ID")),
+        crawl_id=as_optional_str("REDISSPINE_CRAWL_ID", get("REDISSPINE_CRAWL_ID")),
         key_prefix=str(get("REDISSPINE_KEY_PREFIX")),
-        persist=_as_bool("REDISSPINE_PERSIST", get("REDISSPINE_PERSIST")),
-        flush_on_start=_as_bool("REDISSPINE_FLUSH_ON_START", get("REDISSPINE_FLUSH_ON_START")),
-        serializer=_as_choice("REDISSPINE_SERIALIZER", get("REDISSPINE_SERIALIZER"), _SERIALIZERS),
-        allowed_request_classes=_as_str_tuple(
+        persist=as_bool("REDISSPINE_PERSIST", get("REDISSPINE_PERSIST")),
+        flush_on_start=as_bool("REDISSPINE_FLUSH_ON_START", get("REDISSPINE_FLUSH_ON_START")),
+        serializer=as_choice("REDISSPINE_SERIALIZER", get("REDISSPINE_SERIALIZER"), _SERIALIZERS),
+        allowed_request_classes=as_str_tuple(
             "REDISSPINE_ALLOWED_REQUEST_CLASSES", get("REDISSPINE_ALLOWED_REQUEST_CLASSES")
         ),
-        queue_order=_as_choice("REDISSPINE_QUEUE_ORDER", get("REDISSPINE_QUEUE_ORDER"), _ORDERS),
-        lease_batch_size=_as_number(
+        queue_order=as_choice("REDISSPINE_QUEUE_ORDER", get("REDISSPINE_QUEUE_ORDER"), _ORDERS),
+        lease_batch_size=as_number(
             "REDISSPINE_LEASE_BATCH_SIZE", get("REDISSPINE_LEASE_BATCH_SIZE"), int, 1
         ),
-        enqueue_batch_size=_as_number(
+        enqueue_batch_size=as_number(
             "REDISSPINE_ENQUEUE_BATCH_SIZE", get("REDISSPINE_ENQUEUE_BATCH_SIZE"), int, 1
         ),
-        enqueue_flush_seconds=_as_number(
+        enqueue_flush_seconds=as_number(
             "REDISSPINE_ENQUEUE_FLUSH_SECONDS", get("REDISSPINE_ENQUEUE_FLUSH_SECONDS"), float, 0
         ),
-        idle_poll_seconds=_as_number(
+        idle_poll_seconds=as_number(
             "REDISSPINE_IDLE_POLL_SECONDS", get("REDISSPINE_IDLE_POLL_SECONDS"), float, 0.01
         ),
-        keep_alive=_as_bool("REDISSPINE_KEEP_ALIVE", get("REDISSPINE_KEEP_ALIVE")),
-        heartbeat_seconds=_as_number(
+        keep_alive=as_bool("REDISSPINE_KEEP_ALIVE", get("REDISSPINE_KEEP_ALIVE")),
+        heartbeat_seconds=as_number(
             "REDISSPINE_HEARTBEAT_SECONDS", get("REDISSPINE_HEARTBEAT_SECONDS"), float, 0.1
         ),
-        worker_timeout_seconds=_as_number(
+        worker_timeout_seconds=as_number(
             "REDISSPINE_WORKER_TIMEOUT_SECONDS", get("REDISSPINE_WORKER_TIMEOUT_SECONDS"), float, 1
         ),
-        embedded_dir=_as_optional_str("REDISSPINE_EMBEDDED_DIR", get("REDISSPINE_EMBEDDED_DIR")),
-        redis_server_bin=_as_optional_str(
+        embedded_dir=as_optional_str("REDISSPINE_EMBEDDED_DIR", get("REDISSPINE_EMBEDDED_DIR")),
+        redis_server_bin=as_optional_str(
             "REDISSPINE_REDIS_SERVER_BIN", get("REDISSPINE_REDIS_SERVER_BIN")
         ),
-        ack_flush_seconds=_as_number(
+        ack_flush_seconds=as_number(
             "REDISSPINE_ACK_FLUSH_SECONDS", get("REDISSPINE_ACK_FLUSH_SECONDS"), float, 0
         ),
-        local_request_cache=_as_number(
+        local_request_cache=as_number(
             "REDISSPINE_LOCAL_REQUEST_CACHE", get("REDISSPINE_LOCAL_REQUEST_CACHE"), int, 0
         ),
-        sweep_seconds=_as_number("REDISSPINE_SWEEP_SECONDS", get("REDISSPINE_SWEEP_SECONDS"), float, 0),
-        lease_ceiling_seconds=_as_number(
+        sweep_seconds=as_number("REDISSPINE_SWEEP_SECONDS", get("REDISSPINE_SWEEP_SECONDS"), float, 0),
+        lease_ceiling_seconds=as_number(
             "REDISSPINE_LEASE_CEILING_SECONDS", get("REDISSPINE_LEASE_CEILING_SECONDS"), float, 0
         ),
-        max_requeues=_as_number("REDISSPINE_MAX_REQUEUES", get("REDISSPINE_MAX_REQUEUES"), int, 0),
-        memory_budget_bytes=_as_number(
+        max_requeues=as_number("REDISSPINE_MAX_REQUEUES", get("REDISSPINE_MAX_REQUEUES"), int, 0),
+        memory_budget_bytes=as_number(
             "REDISSPINE_MEMORY_BUDGET_BYTES", get("REDISSPINE_MEMORY_BUDGET_BYTES"), int, 0
         ),
         **_dedup_settings(get),

@@ -1,0 +1,186 @@
+"""The frontier's upkeep: key checks, sweeps, dead letters, fleet counters, purging.
+
+The part of ``frontier.Frontier`` that keeps a crawl healthy rather than moving
+requests on the hot path (enqueue, lease, ack, release, in ``frontier.py``). Written
+as a base class of ``Frontier`` so that one object keeps one API; Scrapy-free.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from scrapy_redisspine.control import record_progress
+from scrapy_redisspine.members import split_member
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping
+
+    import redis
+
+    from scrapy_redisspine.keys import CrawlKeys
+    from scrapy_redisspine.scripts import ScriptSet
+
+#: Redis type each key must have when it exists (``TYPE`` reply).
+EXPECTED_TYPES = {
+    "queue": b"zset",
+    "hosts": b"zset",
+    "busy": b"hash",
+    "backlog": b"hash",
+    "host_next": b"hash",
+    "host_delay": b"hash",
+    "inflight": b"hash",
+    "leases": b"zset",
+    "owned": b"zset",
+    "requeues": b"hash",
+    "seq": b"string",
+    "seen": b"set",
+    "dedup": b"hash",
+    "starts": b"set",
+    "dead": b"hash",
+    "workers": b"zset",
+    "stats": b"hash",
+    "control": b"hash",
+    "fleet_stats": b"hash",
+    "progress": b"zset",
+}
+
+
+class CorruptKeyError(RuntimeError):
+    """A crawl key holds a value of the wrong Redis type."""
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    requeued: int
+    dead_lettered: int
+    workers_removed: int
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    field: str
+    reason: str
+    lane: str
+    payload: bytes
+
+
+class FrontierUpkeep:
+    """Upkeep operations of ``frontier.Frontier`` (which sets these attributes)."""
+
+    client: redis.Redis
+    keys: CrawlKeys
+    worker_id: str
+    concurrency: int
+    _scripts: ScriptSet
+
+    def _host_keys(self) -> list[str]:
+        k = self.keys
+        return [k.hosts, k.busy, k.backlog, k.host_next]
+
+    def check_key_types(self) -> None:
+        """Fail early, naming the key, if a crawl key holds the wrong type."""
+        pipe = self.client.pipeline(transaction=False)
+        names = list(EXPECTED_TYPES)
+        for name in names:
+            pipe.type(getattr(self.keys, name))
+        for name, reply in zip(names, pipe.execute(), strict=True):
+            found = reply.encode() if isinstance(reply, str) else reply
+            if found not in (b"none", EXPECTED_TYPES[name]):
+                key = getattr(self.keys, name)
+                raise CorruptKeyError(
+                    f"Redis key {key!r} holds a {found.decode()}, expected a "
+                    f"{EXPECTED_TYPES[name].decode()}; it was not written by "
+                    f"scrapy_redisspine. Delete it or use another crawl id."
+                )
+
+    def requeue_stale(
+        self,
+        *,
+        timeout_ms: int,
+        ceiling_ms: int,
+        max_requeues: int,
+        limit: int = 1000,
+        rest_ms: int = 0,
+        lane_rests: Mapping[str, int] | None = None,
+    ) -> SweepResult:
+        """Requeue leases of silent workers and leases past the ceiling (any worker).
+
+        A requeued request's lane rests ``rest_ms`` (its lane's own in ``lane_rests``),
+        and at least its robots.txt Crawl-delay: the dead worker may have been
+        fetching from it.
+        """
+        k = self.keys
+        args: list[str | int] = [timeout_ms, ceiling_ms, max_requeues, limit, self.concurrency,
+                                 rest_ms]
+        for lane, rest in (lane_rests or {}).items():
+            args += [lane, rest]
+        requeued, dead, removed = self._scripts["requeue_stale"](
+            keys=[
+                k.workers, k.owned, k.inflight, k.leases, k.queue, k.dead, k.requeues, k.stats,
+                *self._host_keys(), k.host_delay,
+            ],
+            args=args,
+        )
+        return SweepResult(int(requeued), int(dead), int(removed))
+
+    def dead_letters(self, limit: int = 100) -> list[DeadLetter]:
+        """Up to ``limit`` dead letters (HSCAN: never blocks Redis on a big crawl)."""
+        letters: list[DeadLetter] = []
+        for field, value in self.client.hscan_iter(self.keys.dead, count=limit):
+            reason, member = value.split(b"\n", 1)
+            try:
+                lane, _, payload = split_member(member)
+            except (ValueError, UnicodeDecodeError):
+                lane, payload = "", member
+            letters.append(
+                DeadLetter(field.decode(), reason.decode(errors="replace"), lane, payload)
+            )
+            if len(letters) >= limit:
+                break
+        return letters
+
+    def reinject_dead(self, fields: Iterable[str]) -> int:
+        """Put dead letters back in the queue with a fresh requeue budget."""
+        fields = list(fields)
+        if not fields:
+            return 0
+        k = self.keys
+        return int(
+            self._scripts["reinject_dead"](
+                keys=[k.dead, k.queue, k.requeues, k.stats, *self._host_keys()],
+                args=[self.concurrency, *fields],
+            )
+        )
+
+    def counts(self) -> tuple[int, int]:
+        """(queued, in flight) fleet-wide, in one round trip."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.zcard(self.keys.queue)
+        pipe.hlen(self.keys.inflight)
+        queued, inflight = pipe.execute()
+        return int(queued), int(inflight)
+
+    def fleet_stats(self) -> dict[str, int]:
+        """The crawl's fleet-wide counters (a small HASH of a dozen fields)."""
+        raw: dict[bytes, bytes] = self.client.hgetall(self.keys.stats)  # type: ignore[assignment]
+        return {name.decode(): int(value) for name, value in raw.items()}
+
+    def workers_alive(self, timeout_ms: int) -> int:
+        """Workers whose last heartbeat is younger than ``timeout_ms`` (server time)."""
+        seconds, micros = self.client.time()
+        now_ms = seconds * 1000 + micros // 1000
+        return int(self.client.zcount(self.keys.workers, now_ms - timeout_ms, "+inf"))
+
+    def record_progress(self, worker_acks: int, fleet_acks: int) -> None:
+        """Add a rate sample (this worker's and the fleet's acks) to ``progress``."""
+        record_progress(self.client, self.keys, self.worker_id, worker_acks, fleet_acks)
+
+    def purge_if_done(self) -> bool:
+        """Delete the crawl's keys if nothing is queued or in flight."""
+        k = self.keys
+        rest = [key for key in k.all_crawl_keys() if key not in (k.queue, k.inflight)]
+        purged = bool(self._scripts["purge_if_done"](keys=[k.queue, k.inflight, *rest], args=[]))
+        if purged:  # a separate command: the registry lies outside the crawl's slot
+            self.client.srem(k.crawls, k.crawl_id)
+        return purged

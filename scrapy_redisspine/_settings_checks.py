@@ -1,0 +1,90 @@
+"""Checks that turn one raw setting value into a typed one, or fail naming it.
+
+Used by ``settings.load_config``; Scrapy-free, like it. Every check raises
+:class:`ConfigError` with the setting's name and the value it got.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+
+class ConfigError(ValueError):
+    """A setting has a value the plugin cannot use."""
+
+
+def as_bool(name: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, (int, str)) and str(value).strip().lower() in (
+        "1", "0", "true", "false", "yes", "no", "on", "off",
+    ):
+        return str(value).strip().lower() in ("1", "true", "yes", "on")
+    raise ConfigError(f"{name} must be a boolean, got {value!r}")
+
+
+def as_number(name: str, value: Any, kind: Callable[[Any], Any], minimum: float) -> Any:
+    if isinstance(value, bool):
+        raise ConfigError(f"{name} must be a number, got {value!r}")
+    try:
+        number = kind(float(value)) if kind is float else kind(value)
+        if kind is int and isinstance(value, float) and number != value:
+            raise ValueError
+    except (TypeError, ValueError, OverflowError):
+        raise ConfigError(f"{name} must be a {kind.__name__}, got {value!r}") from None
+    if not math.isfinite(number) or number < minimum:
+        raise ConfigError(f"{name} must be a finite number >= {minimum}, got {value!r}")
+    return number
+
+
+def as_choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
+    text = str(value).strip().lower()
+    if text not in choices:
+        raise ConfigError(f"{name} must be one of {', '.join(choices)}; got {value!r}")
+    return text
+
+
+def as_optional_str(name: str, value: Any) -> str | None:
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise ConfigError(f"{name} must be a string, got {value!r}")
+    return value
+
+
+def as_str_tuple(name: str, value: Any) -> tuple[str, ...]:
+    if isinstance(value, str):
+        value = [part.strip() for part in value.split(",") if part.strip()]
+    if not isinstance(value, (list, tuple)) or not all(isinstance(item, str) for item in value):
+        raise ConfigError(f"{name} must be a list of dotted paths, got {value!r}")
+    return tuple(value)
+
+
+def as_delays(name: str, value: Any) -> tuple[tuple[str, float], ...]:
+    if isinstance(value, str):
+        import json
+
+        try:
+            value = json.loads(value) if value.strip() else {}
+        except ValueError:
+            raise ConfigError(f"{name} must be a dict of lane -> seconds, got {value!r}") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"{name} must be a dict of lane -> seconds, got {value!r}")
+    return tuple(
+        (str(lane).lower(), as_number(f"{name}[{lane!r}]", seconds, float, 0))
+        for lane, seconds in value.items()
+    )
+
+
+def as_names(name: str, value: Any) -> tuple[str, ...]:
+    if isinstance(value, str):
+        value = [part.strip() for part in value.split(",") if part.strip()]
+    if not isinstance(value, (list, tuple)) or not all(
+        isinstance(item, str) and item.strip() for item in value
+    ):
+        raise ConfigError(f"{name} must be a list of parameter names, got {value!r}")
+    return tuple(item.strip() for item in value)
