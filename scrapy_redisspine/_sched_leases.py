@@ -43,13 +43,14 @@ class LeasesMixin(PolitenessMixin):
             try:
                 if self._reconcile_leases:
                     self._release_orphans()
-                batch = self._send_and_lease(count)
+                batch, sent = self._send_and_lease(count)
             except redis.RedisError as exc:
                 self._redis_failed("lease", exc)
                 return False
             if batch is None:
                 return False
-            self.health.succeeded()
+            if sent:  # else the breaker stays open for the outbox; the leases are ours
+                self.health.succeeded()
             self._set_fleet_counts(batch.queued, batch.inflight, now)
             self._wake_when_due(batch.wait_ms)
             self._report_malformed(batch.malformed)
@@ -64,24 +65,27 @@ class LeasesMixin(PolitenessMixin):
                 break
         return bool(self._ready)
 
-    def _send_and_lease(self, count: int) -> LeaseBatch | None:
+    def _send_and_lease(self, count: int) -> tuple[LeaseBatch | None, bool]:
         """Lease, sending the outbox and acks first in the same round trip.
 
-        None when the send failed and nothing was leased (the buffers are kept)."""
+        Returns the batch (None when the send failed and nothing was leased; the
+        buffers are kept) and whether Redis took the send (a full Redis that refused
+        new requests did answer: that counts)."""
         assert self.frontier is not None
         if not self._outbox and not self._acks:
-            return self.frontier.lease(count)
+            return self.frontier.lease(count), True
         outbox, acks = self._outbox, self._acks
         sent, batch = self.frontier.enqueue_and_lease(
             [entry for entry, _ in outbox], ack_args(acks), count
         )
-        if isinstance(sent, redis.RedisError):
-            self._send_failed(sent)
-            if not batch.leases and not batch.malformed:
-                return None
-        else:
+        if not isinstance(sent, redis.RedisError):
             self._sent(outbox, len(acks), sent)
-        return batch
+            return batch, True
+        self._send_failed(sent)
+        answered = isinstance(sent, redis.exceptions.OutOfMemoryError)
+        if not batch.leases and not batch.malformed:
+            return None, answered
+        return batch, answered
 
     def _report_malformed(self, malformed: int) -> None:
         if malformed:

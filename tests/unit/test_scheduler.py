@@ -17,6 +17,7 @@ import fakeredis
 import msgpack
 import pytest
 import pytest_twisted
+import redis as redis_lib
 from scrapy import Request, Spider
 from scrapy.statscollectors import MemoryStatsCollector
 from scrapy.utils.request import RequestFingerprinter
@@ -720,6 +721,44 @@ def test_acks_survive_a_script_flush(
     assert second is not None
     assert _stat(scheduler, "redisspine/scheduler/acked") == 1
     assert _counts(redis_backend) == (0, 1)
+
+
+def test_a_refused_send_keeps_the_outbox_and_the_leases_it_came_with(
+    make_scheduler: MakeScheduler, redis_backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A script error on the enqueue half of the pipeline (not a full Redis): the lease
+    # half ran, so its leases are handed out; the outbox and acks wait, and the
+    # breaker stays open so they are retried with backoff, not at every lease.
+    scheduler = make_scheduler(REDISSPINE_LEASE_BATCH_SIZE=1)
+    for url in ("http://a.example/", "http://b.example/"):
+        scheduler.enqueue_request(Request(url))
+    first = scheduler.next_request()
+    assert first is not None
+    scheduler._on_request_done(first)
+    scheduler.enqueue_request(Request("http://c.example/child"))
+    assert scheduler.frontier is not None
+    pipelined = scheduler.frontier._pipelined
+
+    def refuse_the_send(calls: Any) -> list[Any]:
+        replies = pipelined(calls[1:])  # the lease alone runs
+        return [redis_lib.exceptions.ResponseError("boom"), *replies]
+
+    monkeypatch.setattr(scheduler.frontier, "_pipelined", refuse_the_send)
+    second = scheduler.next_request()
+    assert second is not None, "the lease half ran: its lease is handed out"
+    assert second.url == "http://b.example/"
+    assert len(scheduler._outbox) == 1
+    assert len(scheduler._acks) == 1
+    assert scheduler.health.down
+    assert _stat(scheduler, "redisspine/redis_errors/enqueue") == 1
+    assert scheduler.has_pending_requests()
+
+    monkeypatch.undo()
+    scheduler.health._retry_at = 0.0  # skip the backoff
+    assert scheduler._try_flush()
+    assert not scheduler.health.down
+    assert not scheduler._outbox
+    assert _stat(scheduler, "redisspine/scheduler/acked") == 1
 
 
 # -- the local request cache ----------------------------------------------------------
