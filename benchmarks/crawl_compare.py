@@ -144,16 +144,25 @@ def workers_of(mode: str) -> int:
     return int(digits) if digits else 1
 
 
+def behind_proxy(
+    server: RedisServer, rtt_ms: float, delay_ms: float | None
+) -> tuple[Proxy | None, str, float]:
+    """(proxy, URL to use, measured RTT in ms): the server itself when ``rtt_ms`` is 0,
+    else through a proxy delaying ``delay_ms`` (default: half the RTT) each way."""
+    if not rtt_ms:
+        return None, server.url, 0.0
+    one_way = (delay_ms if delay_ms is not None else rtt_ms / 2) / 1000
+    proxy = Proxy(server.port or 0, one_way)
+    return proxy, f"redis://127.0.0.1:{proxy.port}/0", proxy.measured_rtt_ms()
+
+
 def one_run(mode: str, args: argparse.Namespace, run_id: str, rtt_ms: float) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp_name, RedisServer() as server, \
             TestSite(hosts=args.hosts, pages_per_host=args.pages, fanout=args.fanout,
                      latency=args.latency) as site:
         tmp = Path(tmp_name)
-        delay = getattr(args, "proxy_delay_ms", None)
-        one_way = (delay if delay is not None else rtt_ms / 2) / 1000
-        proxy = Proxy(server.port or 0, one_way) if rtt_ms else None
-        url = f"redis://127.0.0.1:{proxy.port}/0" if proxy else server.url
-        measured_rtt = proxy.measured_rtt_ms() if proxy else 0.0
+        proxy, url, measured_rtt = behind_proxy(
+            server, rtt_ms, getattr(args, "proxy_delay_ms", None))
         try:
             client = server.client()
             before = _info(client)

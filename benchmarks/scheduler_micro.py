@@ -143,15 +143,11 @@ def child(
 
 def run_child(impl: str, args: argparse.Namespace, rtt_ms: float) -> dict[str, Any]:
     sys.path.insert(0, str(ROOT))
-    from benchmarks.crawl_compare import Proxy, bench_python
+    from benchmarks.crawl_compare import behind_proxy, bench_python
     from scrapy_redisspine.testing.redis_server import RedisServer
 
     with RedisServer() as server:
-        delay = args.proxy_delay_ms
-        one_way = (delay if delay is not None else rtt_ms / 2) / 1000
-        proxy = Proxy(server.port or 0, one_way) if rtt_ms else None
-        url = f"redis://127.0.0.1:{proxy.port}/0" if proxy else server.url
-        measured_rtt = proxy.measured_rtt_ms() if proxy else 0.0
+        proxy, url, measured_rtt = behind_proxy(server, rtt_ms, args.proxy_delay_ms)
         python = bench_python() if impl == "scrapy-redis" else sys.executable
         try:
             out = subprocess.run(

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import redis
 
-from scrapy_redisspine._sched_outbox import ack_args
+from scrapy_redisspine._sched_outbox import outgoing
 from scrapy_redisspine._sched_politeness import PolitenessMixin
 from scrapy_redisspine._sched_state import logger
 
@@ -75,9 +75,7 @@ class LeasesMixin(PolitenessMixin):
         if not self._outbox and not self._acks:
             return self.frontier.lease(count), True
         outbox, acks = self._outbox, self._acks
-        sent, batch = self.frontier.enqueue_and_lease(
-            [entry for entry, _ in outbox], ack_args(acks), count
-        )
+        sent, batch = self.frontier.enqueue_and_lease(*outgoing(outbox, acks), count)
         if not isinstance(sent, redis.RedisError):
             self._sent(outbox, len(acks), sent)
             return batch, True

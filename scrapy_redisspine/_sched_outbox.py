@@ -90,7 +90,7 @@ class OutboxMixin(SchedulerState):
             return
         assert self.frontier is not None
         outbox, acks = self._outbox, self._acks
-        result = self.frontier.enqueue([entry for entry, _ in outbox], ack_args(acks))
+        result = self.frontier.enqueue(*outgoing(outbox, acks))
         self._sent(outbox, len(acks), result)
 
     def _sent(
@@ -110,10 +110,12 @@ class OutboxMixin(SchedulerState):
     ) -> None:
         stats = self.stats
         cache = self.config.local_request_cache
+        enqueued = statuses.count("+")
+        if enqueued:
+            stats.inc_value("scheduler/enqueued/redis", enqueued)
+            stats.inc_value("scheduler/enqueued", enqueued)
         for (entry, request), status in zip(outbox, statuses, strict=False):
             if status == "+":
-                stats.inc_value("scheduler/enqueued/redis")
-                stats.inc_value("scheduler/enqueued")
                 if cache:
                     self._keep_local(entry.payload, request, cache)
             elif status == "d":
@@ -133,6 +135,13 @@ class OutboxMixin(SchedulerState):
         local[payload] = request
         if len(local) > cache:
             del local[next(iter(local))]  # the oldest
+
+
+def outgoing(
+    outbox: list[tuple[NewRequest, Request]], acks: list[PendingAck]
+) -> tuple[list[NewRequest], list[Ack]]:
+    """What ``Frontier.enqueue`` takes from the buffers."""
+    return [entry for entry, _ in outbox], ack_args(acks)
 
 
 def ack_args(acks: list[PendingAck], now: float | None = None) -> list[Ack]:

@@ -56,9 +56,15 @@ def as_optional_str(name: str, value: Any) -> str | None:
     return value
 
 
-def as_str_tuple(name: str, value: Any) -> tuple[str, ...]:
+def _split_commas(value: Any) -> Any:
+    """A comma-separated string as its parts; anything else as it is."""
     if isinstance(value, str):
-        value = [part.strip() for part in value.split(",") if part.strip()]
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value
+
+
+def as_str_tuple(name: str, value: Any) -> tuple[str, ...]:
+    value = _split_commas(value)
     if not isinstance(value, (list, tuple)) or not all(isinstance(item, str) for item in value):
         raise ConfigError(f"{name} must be a list of dotted paths, got {value!r}")
     return tuple(value)
@@ -81,8 +87,7 @@ def as_delays(name: str, value: Any) -> tuple[tuple[str, float], ...]:
 
 
 def as_names(name: str, value: Any) -> tuple[str, ...]:
-    if isinstance(value, str):
-        value = [part.strip() for part in value.split(",") if part.strip()]
+    value = _split_commas(value)
     if not isinstance(value, (list, tuple)) or not all(
         isinstance(item, str) and item.strip() for item in value
     ):

@@ -29,11 +29,12 @@ import redis
 
 from scrapy_redisspine import control
 from scrapy_redisspine.cli_output import print_dead_letters, render_status
-from scrapy_redisspine.connection import describe_url
+from scrapy_redisspine.connection import SOCKET_NAME, describe_url
 from scrapy_redisspine.frontier import Frontier
 from scrapy_redisspine.keys import CrawlKeys
 from scrapy_redisspine.settings import SpineConfig, load_config
 from scrapy_redisspine.status import crawl_exists, list_crawls, read_status
+from scrapy_redisspine.worker import default_embedded_dir
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
@@ -63,20 +64,11 @@ def resolve_redis_url(explicit: str | None, config: SpineConfig) -> str:
                 config.redis_url):
         if url:
             return url
-    socket_path = Path(config.embedded_dir or _default_embedded_dir()) / "redis.sock"
+    socket_path = Path(config.embedded_dir or default_embedded_dir(createdir=False)) / SOCKET_NAME
     if socket_path.exists():
         return f"unix://{socket_path}"
     raise CliError("no Redis to talk to: pass --redis-url, set REDISSPINE_REDIS_URL, or run "
                    "inside the Scrapy project whose crawl you operate")
-
-
-def _default_embedded_dir() -> str:
-    try:
-        from scrapy.utils.project import data_path
-
-        return data_path("redisspine")
-    except Exception:  # outside a project Scrapy may refuse
-        return os.path.join(os.getcwd(), ".scrapy", "redisspine")
 
 
 class Context:
@@ -209,8 +201,8 @@ def cmd_requeue_dead(ctx: Context, args: argparse.Namespace) -> int:
 
 def cmd_purge(ctx: Context, args: argparse.Namespace) -> int:
     keys = ctx.existing(args.crawl)
-    alive = ctx.frontier(keys).workers_alive(int(ctx.config.worker_timeout_seconds * 1000))
     if not args.yes:
+        alive = ctx.frontier(keys).workers_alive(int(ctx.config.worker_timeout_seconds * 1000))
         warning = f" ({alive} worker(s) still alive!)" if alive else ""
         answer = input(f"Delete every key of crawl {args.crawl!r} on "
                        f"{describe_url(ctx.url)}{warning}? [y/N] ")
@@ -227,13 +219,15 @@ def cmd_list(ctx: Context, args: argparse.Namespace) -> int:
     crawls = list_crawls(ctx.client, CrawlKeys(ctx.prefix, "_").crawls)
     if not crawls:
         print(f"no crawls on {describe_url(ctx.url)} (prefix {ctx.prefix!r})")
+    pipe = ctx.client.pipeline(transaction=False)  # one round trip for every crawl
     for crawl in crawls:
         keys = ctx.keys(crawl)
-        pipe = ctx.client.pipeline(transaction=False)
         pipe.zcard(keys.queue)
         pipe.hlen(keys.inflight)
         pipe.zcard(keys.workers)
-        queued, inflight, workers = pipe.execute()
+    replies = pipe.execute() if crawls else []
+    for i, crawl in enumerate(crawls):
+        queued, inflight, workers = replies[3 * i:3 * i + 3]
         print(f"{crawl}\t{queued} queued\t{inflight} in flight\t{workers} worker(s)")
     return 0
 

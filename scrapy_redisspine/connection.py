@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-_SOCKET_NAME = "redis.sock"
+SOCKET_NAME = "redis.sock"
 _START_TIMEOUT_SECONDS = 10.0
 _MAX_SOCKET_PATH = 103  # sun_path is 104 bytes on macOS, 108 on Linux
 
@@ -128,7 +128,7 @@ def ensure_embedded_server(directory: str | os.PathLike[str], binary: str | None
     """Start (or join) the project's embedded redis-server; return its URL."""
     path = Path(directory).resolve()
     path.mkdir(parents=True, exist_ok=True)
-    socket_path = path / _SOCKET_NAME
+    socket_path = path / SOCKET_NAME
     if len(str(socket_path)) > _MAX_SOCKET_PATH:
         raise ValueError(
             f"embedded redis-server socket path {socket_path} is longer than unix sockets "
@@ -151,7 +151,7 @@ def shutdown_embedded_if_unused(directory: str | os.PathLike[str]) -> bool:
     old server (and keeps it alive by being connected) or starts a new one.
     """
     path = Path(directory).resolve()
-    socket_path = path / _SOCKET_NAME
+    socket_path = path / SOCKET_NAME
     with _locked(path):
         if not _ping(socket_path):
             return False

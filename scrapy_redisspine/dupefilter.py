@@ -207,7 +207,10 @@ class RedisDupeFilter(BaseDupeFilter):
     def _warn_if_full(self) -> None:
         assert self.dedup is not None
         state = self.dedup.state()
-        if state.impl == IMPL_BITMAP and state.full:
+        if state.impl != IMPL_BITMAP:
+            self._warned_full = True  # only a bitmap fills up: nothing to check again
+            return
+        if state.full:
             self._warned_full = True
             logger.warning(
                 "redisspine: the dedup Bloom filter %s is full (%d fingerprints, its largest "

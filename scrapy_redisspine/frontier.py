@@ -167,6 +167,16 @@ class Frontier(FrontierUpkeep):
         self.concurrency = concurrency
         self.backlog_cap = backlog_cap
         self._scripts = ScriptSet(client)
+        # The hot scripts' key lists, built once (each key name is an f-string).
+        k = keys
+        self._enqueue_keys = [
+            k.queue, k.seq, k.seen, k.starts, k.inflight, k.leases, k.stats, k.dedup,
+            k.bloom, k.owned, k.requeues, *self._host_keys(),
+        ]
+        self._lease_keys = [
+            k.queue, k.inflight, k.leases, k.stats, k.dead, k.seq, k.owned, k.requeues,
+            *self._host_keys(), k.host_delay,
+        ]
 
     def register(self, *, flush: bool, alive_ms: int) -> tuple[bool, int]:
         """Announce this worker; flush first if asked and no other worker is alive.
@@ -218,12 +228,7 @@ class Frontier(FrontierUpkeep):
                 request.flags(), request.fingerprint, request.lane,
                 priority_key(request.priority), request.payload,
             ]
-        k = self.keys
-        keys = [
-            k.queue, k.seq, k.seen, k.starts, k.inflight, k.leases, k.stats, k.dedup,
-            k.bloom, k.owned, k.requeues, *self._host_keys(),
-        ]
-        return keys, args
+        return self._enqueue_keys, args
 
     def ack(self, acks: Sequence[Ack | LeaseHandle]) -> int:
         """Ack leases whose processing is done (with no children to queue)."""
@@ -235,12 +240,7 @@ class Frontier(FrontierUpkeep):
         return _lease_batch(self._scripts["lease"](keys=keys, args=args))
 
     def _lease_call(self, count: int) -> tuple[list[str], list[bytes | str | int]]:
-        k = self.keys
-        keys = [
-            k.queue, k.inflight, k.leases, k.stats, k.dead, k.seq, k.owned, k.requeues,
-            *self._host_keys(), k.host_delay,
-        ]
-        return keys, [self.worker_id, count, self.concurrency]
+        return self._lease_keys, [self.worker_id, count, self.concurrency]
 
     def enqueue_and_lease(
         self, requests: Sequence[NewRequest], acks: Sequence[Ack | LeaseHandle], count: int

@@ -33,12 +33,12 @@ def new_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
 
 
-def default_embedded_dir() -> str:
+def default_embedded_dir(createdir: bool = True) -> str:
     """``.scrapy/redisspine`` inside the Scrapy project (or the current directory)."""
     try:
         from scrapy.utils.project import data_path
 
-        return data_path("redisspine", createdir=True)
+        return data_path("redisspine", createdir=createdir)
     except Exception:  # outside a project Scrapy may refuse; fall back to cwd
         return os.path.join(os.getcwd(), ".scrapy", "redisspine")
 

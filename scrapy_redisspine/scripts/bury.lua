@@ -32,6 +32,8 @@ local concurrency = tonumber(ARGV[5])
 local time = redis.call("TIME")
 local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 -- #include hosts
+-- #include batch
+-- #include lanes
 -- #include entry
 
 local member = fenced_member(key, owner, token)
@@ -39,9 +41,7 @@ if not member then
     return 0
 end
 redis.call("HSET", dead, key, reason .. "\n" .. member)
-redis.call("HDEL", inflight, key)
-redis.call("ZREM", leases, key)
-redis.call("ZREM", owned, owner .. "\n" .. key)
+lease_end(owner, key)
 redis.call("HDEL", requeues, key)
 local lane = member_lane(member)
 if lane then

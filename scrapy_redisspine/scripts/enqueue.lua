@@ -63,13 +63,7 @@ if n_acks > 0 then
     for i = 6, 5 + 3 * n_acks, 3 do
         ack_keys[#ack_keys + 1] = ARGV[i]
     end
-    local entries = {}
-    for i = 1, #ack_keys, 1000 do
-        local chunk = redis.call("HMGET", inflight, unpack(ack_keys, i, math.min(i + 999, #ack_keys)))
-        for _, entry in ipairs(chunk) do
-            entries[#entries + 1] = entry
-        end
-    end
+    local entries = hmget_in_chunks(inflight, ack_keys)
     local done_keys, done_owned = {}, {}
     local lanes_done, released, freed, rests = {}, {}, {}, {}
     for j, key in ipairs(ack_keys) do
@@ -105,6 +99,7 @@ local n_requests = (#ARGV - first_request + 1) / 5
 local statuses = {}
 local to_add = {}
 local lanes, added = {}, {} -- the lanes of this batch, and requests added to each
+local queued = {} -- lane -> requests queued before this batch (read when capped)
 for i = 0, n_requests - 1 do
     local base = first_request + 5 * i
     local flags, fingerprint, lane = ARGV[base], ARGV[base + 1], ARGV[base + 2]
@@ -112,9 +107,11 @@ for i = 0, n_requests - 1 do
     if not added[lane] then
         lanes[#lanes + 1] = lane
         added[lane] = 0
+        if backlog_cap > 0 then
+            queued[lane] = tonumber(redis.call("HGET", backlog, lane) or "0")
+        end
     end
-    if backlog_cap > 0 and added[lane] + tonumber(redis.call("HGET", backlog, lane) or "0")
-            >= backlog_cap then
+    if backlog_cap > 0 and added[lane] + queued[lane] >= backlog_cap then
         status = "c" -- the cap holds within one batch too
     elseif string.find(flags, "s", 1, true) and redis.call("SADD", starts, fingerprint) == 0 then
         status = "s"
@@ -131,7 +128,6 @@ end
 if #to_add > 0 then
     local last = redis.call("INCRBY", seq, #to_add)
     local first = last - #to_add + 1
-    -- One ZADD per chunk of members: each redis.call has a cost of its own.
     local pairs_ = {}
     for j, base in ipairs(to_add) do
         local n = first + j - 1
@@ -141,11 +137,8 @@ if #to_add > 0 then
         pairs_[#pairs_ + 1] = 0
         pairs_[#pairs_ + 1] = ARGV[base + 2] .. "\0" .. ARGV[base + 3]
             .. string.format("%015d", n) .. ARGV[base + 4]
-        if #pairs_ >= 1000 or j == #to_add then
-            redis.call("ZADD", queue, unpack(pairs_))
-            pairs_ = {}
-        end
     end
+    call_in_chunks("ZADD", queue, pairs_)
     local grown = {}
     for _, lane in ipairs(lanes) do
         if added[lane] > 0 then

@@ -50,7 +50,7 @@ local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 -- #include lanes
 
 local members, requeued, delays = {}, {}, {}
--- Usually both are empty: one check per call instead of one HGET per lease each.
+-- Usually both are empty: checked once per call (then one HMGET each, see below).
 local any_requeues = count > 0 and redis.call("EXISTS", requeues) == 1
 local any_delays = count > 0 and redis.call("EXISTS", host_delay) == 1
 local malformed = 0
@@ -123,7 +123,7 @@ local function lease_picked(picked)
     end
     call_in_chunks("ZREM", queue, taken_members)
     token = redis.call("INCR", seq)
-    local lanes, moved = {}, {}
+    local lanes, moved, took, taken_keys = {}, {}, {}, {}
     for _, i in ipairs(taken) do
         local lane, member, key = picked[i][1], picked[i][2], keys[i]
         inflight_pairs[#inflight_pairs + 1] = key
@@ -133,20 +133,29 @@ local function lease_picked(picked)
         owned_pairs[#owned_pairs + 1] = 0
         owned_pairs[#owned_pairs + 1] = owner .. "\n" .. key
         members[#members + 1] = member
-        requeued[#requeued + 1] = any_requeues and tonumber(redis.call("HGET", requeues, key) or "0") or 0
-        delays[#delays + 1] = any_delays and redis.call("HGET", host_delay, lane) or ""
+        taken_keys[#taken_keys + 1] = key
         if not moved[lane] then
             lanes[#lanes + 1] = lane
             moved[lane] = 0
         end
         moved[lane] = moved[lane] + 1
+        took[lane] = -moved[lane]
     end
     call_in_chunks("HSET", inflight, inflight_pairs)
     call_in_chunks("ZADD", leases, lease_pairs)
     call_in_chunks("ZADD", owned, owned_pairs)
-    local took = {}
-    for _, lane in ipairs(lanes) do
-        took[lane] = -moved[lane]
+    -- Usually both hashes are empty (checked once per call); else one HMGET each.
+    local times = any_requeues and hmget_in_chunks(requeues, taken_keys) or {}
+    local delay_of = {}
+    if any_delays then
+        local lane_delays = hmget_in_chunks(host_delay, lanes)
+        for j, lane in ipairs(lanes) do
+            delay_of[lane] = lane_delays[j]
+        end
+    end
+    for j, i in ipairs(taken) do
+        requeued[j] = tonumber(times[j] or "0")
+        delays[j] = delay_of[picked[i][1]] or ""
     end
     lanes_update(lanes, moved, took, nil, false)
     return recount

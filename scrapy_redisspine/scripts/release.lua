@@ -26,8 +26,10 @@ local owner, concurrency = ARGV[1], tonumber(ARGV[2])
 local time = redis.call("TIME")
 local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 -- #include hosts
--- #include putback
+-- #include batch
+-- #include lanes
 -- #include entry
+-- #include putback
 
 local released = 0
 for i = 3, #ARGV, 2 do

@@ -27,8 +27,10 @@ local owner, limit, concurrency = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local time = redis.call("TIME")
 local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 -- #include hosts
--- #include putback
+-- #include batch
+-- #include lanes
 -- #include entry
+-- #include putback
 
 local known = {}
 for i = 4, #ARGV do

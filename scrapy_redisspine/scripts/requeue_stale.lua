@@ -46,6 +46,8 @@ end
 local time = redis.call("TIME")
 local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 -- #include hosts
+-- #include batch
+-- #include lanes
 -- #include entry
 -- #include requeue
 local counts = { q = 0, d = 0 }

@@ -8,6 +8,7 @@ entry_member(entry, owner, token) -> the same, from an entry already read (or fa
 entry_lane(entry, owner, token) -> the lane of such an entry (false if its member has
 none), or nil when it is not fenced.
 entry_parts(entry) -> owner, queue member.
+lease_end(owner, key): remove the lease from inflight, leases and owned.
 ]]
 local function entry_member(entry, owner, token)
     local prefix = owner .. "\n" .. token .. "\n"
@@ -29,6 +30,14 @@ end
 
 local function fenced_member(key, owner, token)
     return entry_member(redis.call("HGET", inflight, key), owner, token)
+end
+
+-- The lease `key` of `owner` ends: out of in-flight and its two indexes. Requires
+-- the locals leases and owned (keys) too.
+local function lease_end(owner, key)
+    redis.call("HDEL", inflight, key)
+    redis.call("ZREM", leases, key)
+    redis.call("ZREM", owned, owner .. "\n" .. key)
 end
 
 local function entry_parts(entry)

@@ -1,8 +1,9 @@
 --[[
-lanes library: the bookkeeping of lib/hosts.lua for many lanes at once, in a fixed
-number of calls (three HMGETs, then at most one write per key and kind) however
-many lanes a lease, an ack batch or an enqueue batch touches. Requires lib/hosts.lua
-and lib/batch.lua included first.
+lanes library: fleet-wide politeness bookkeeping (the keys are described in
+lib/hosts.lua), for any number of lanes in a fixed number of calls (three HMGETs,
+then at most one write per key and kind) however many lanes a lease, an ack batch
+or an enqueue batch touches; the single-lane helpers at the end use the same code.
+Requires lib/batch.lua included first, and the locals of lib/hosts.lua.
 
 lanes_update(lanes, d_busy, d_backlog, rests, nx)
   lanes      the distinct lanes touched, in the order to handle them
@@ -16,17 +17,6 @@ A lane's time in `hosts` is its next time, or the time it became free if that is
 later: lanes due at once are served in the order they were freed. Only a rest that
 ends in the future is written to host_next.
 ]]
-local function hmget_in_chunks(key, fields)
-    local values = {}
-    for i = 1, #fields, 1000 do
-        local chunk = redis.call("HMGET", key, unpack(fields, i, math.min(i + 999, #fields)))
-        for j = 1, #chunk do
-            values[#values + 1] = chunk[j]
-        end
-    end
-    return values
-end
-
 local function lanes_update(lanes, d_busy, d_backlog, rests, nx)
     if #lanes == 0 then
         return
@@ -78,11 +68,23 @@ local function lanes_update(lanes, d_busy, d_backlog, rests, nx)
     call_in_chunks("HDEL", backlog, backlog_del)
     call_in_chunks("HSET", host_next, next_set)
     call_in_chunks("ZREM", hosts, not_due)
-    if nx then
-        for i = 1, #due, 1000 do
-            redis.call("ZADD", hosts, "NX", unpack(due, i, math.min(i + 999, #due)))
-        end
-    else
-        call_in_chunks("ZADD", hosts, due)
-    end
+    call_in_chunks("ZADD", hosts, due, nx and "NX" or nil)
+end
+
+-- The same for one lane (the cold paths: release, bury, requeue, reinject, repair).
+-- Put the lane in `hosts` at its next time, or take it out, as its counts say.
+local function host_schedule(lane)
+    lanes_update({ lane }, nil, nil, nil, false)
+end
+
+-- A request entered the queue (it was not there: a lane already due keeps its turn).
+local function host_enqueued(lane)
+    lanes_update({ lane }, nil, { [lane] = 1 }, nil, true)
+end
+
+-- A request of the lane left in-flight: rest_ms as in lanes_update (nil: no fetch);
+-- requeued: it went back to the queue.
+local function host_released(lane, rest_ms, requeued)
+    lanes_update({ lane }, { [lane] = -1 }, requeued and { [lane] = 1 } or nil,
+                 rest_ms and { [lane] = rest_ms } or nil, false)
 end

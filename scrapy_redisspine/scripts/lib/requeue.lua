@@ -1,6 +1,6 @@
 --[[
 requeue library: put one lease back in the queue, or into the dead letters once it
-was requeued too often. Requires lib/hosts.lua and lib/entry.lua included first, and the locals
+was requeued too often. Requires lib/hosts.lua, lib/lanes.lua and lib/entry.lua included first, and the locals
 queue, inflight, leases, owned, requeues, dead, host_delay (keys), max_requeues
 (number), rest_ms and lane_rests (how long a lane rests: its dead worker may have been
 mid-fetch; rest_ms by default, lane_rests[lane] where a lane has its own delay, and at
@@ -28,9 +28,7 @@ local function requeue_lease(key, reason)
         return ""
     end
     local owner, member = entry_parts(entry)
-    redis.call("HDEL", inflight, key)
-    redis.call("ZREM", leases, key)
-    redis.call("ZREM", owned, owner .. "\n" .. key)
+    lease_end(owner, key)
     local lane = member_lane(member)
     local times = redis.call("HINCRBY", requeues, key, 1)
     local outcome = "q"
@@ -41,10 +39,9 @@ local function requeue_lease(key, reason)
         outcome = "d"
     else
         redis.call("ZADD", queue, 0, member)
-        redis.call("HINCRBY", backlog, lane, 1)
     end
     if lane then
-        host_released(lane, requeue_rest(lane))
+        host_released(lane, requeue_rest(lane), outcome == "q")
     end
     return outcome
 end
