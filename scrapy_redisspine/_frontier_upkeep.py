@@ -128,7 +128,7 @@ class FrontierUpkeep:
         """Up to ``limit`` dead letters (HSCAN: never blocks Redis on a big crawl)."""
         letters: list[DeadLetter] = []
         for field, value in self.client.hscan_iter(self.keys.dead, count=limit):
-            reason, member = value.split(b"\n", 1)
+            reason, _, member = value.partition(b"\n")  # a value not written here: all reason
             try:
                 lane, _, payload = split_member(member)
             except (ValueError, UnicodeDecodeError):

@@ -606,6 +606,22 @@ def test_a_sweep_rests_each_lane_for_its_own_delay(
     _assert_lane_bookkeeping(client, crawl_keys, 1)
 
 
+def test_new_requests_from_a_lower_concurrency_leave_a_due_lane_due(
+    make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys
+) -> None:
+    # A push from outside the crawl (concurrency 1) into a lane that has one of its
+    # two slots taken must not take the lane out of `hosts`.
+    worker = make_frontier("w1", concurrency=2)
+    worker.enqueue(_lane_requests("a.example", 3))
+    assert len(worker.lease(1).leases) == 1
+    assert client.zscore(crawl_keys.hosts, "a.example") is not None
+    pusher = make_frontier("push", concurrency=1)
+    assert pusher.push([_new(b"pushed", "a.example")]).statuses == "+"
+    assert client.zscore(crawl_keys.hosts, "a.example") is not None
+    assert len(worker.lease(5).leases) == 1, "its second slot is still free"
+    _assert_lane_bookkeeping(client, crawl_keys, 2)
+
+
 def test_batches_wider_than_one_redis_call_keep_the_books(
     make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys
 ) -> None:

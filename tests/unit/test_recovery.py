@@ -416,6 +416,13 @@ class TestDeadLetters:
         assert len(frontier.dead_letters(limit=2)) == 2
         assert len(frontier.dead_letters()) == 5
 
+    def test_a_dead_letter_written_by_hand_is_listed_not_a_crash(
+        self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        client.hset(crawl_keys.dead, "by-hand", b"no newline here")
+        (letter,) = frontier.dead_letters()
+        assert (letter.field, letter.reason, letter.payload) == ("by-hand", "no newline here", b"")
+
     def test_malformed_member_is_listed_and_stays_dead_when_reinjected(
         self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
     ) -> None:

@@ -10,8 +10,8 @@ lanes_update(lanes, d_busy, d_backlog, rests, nx)
   d_busy     lane -> change of its in-flight count (+n leased, -n released), or nil
   d_backlog  lane -> change of its queued count (+n enqueued, -n leased), or nil
   rests      lane -> ms the lane rests from now (a fetch ended), or nil: no fetch
-  nx         true: a lane already in `hosts` keeps its time (new requests only add
-             lanes that were not due yet)
+  nx         true: a lane already in `hosts` keeps its time and its place (new
+             requests only add lanes that were not due yet)
 
 A lane's time in `hosts` is its next time, or the time it became free if that is
 later: lanes due at once are served in the order they were freed. Only a rest that
@@ -52,7 +52,12 @@ local function lanes_update(lanes, d_busy, d_backlog, rests, nx)
                 backlog_set[#backlog_set + 1] = queued
             end
             if in_flight >= concurrency then
-                not_due[#not_due + 1] = lane -- the release of a slot puts it back
+                -- The release of a slot puts it back. With nx (new requests only) a
+                -- lane already due stays: this caller's concurrency (a push from
+                -- outside the crawl, say) may not be the crawl's.
+                if not nx then
+                    not_due[#not_due + 1] = lane
+                end
             else
                 due[#due + 1] = next_at
                 due[#due + 1] = lane
