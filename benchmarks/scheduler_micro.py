@@ -6,7 +6,7 @@ scrapy-redis's priority queue (``scrapy-redis``, from ``benchmarks/.venv-bench``
 ``crawl_compare.py``) and this plugin (``spine``). N requests spread over ~100 hosts
 (``http://h<i % hosts>.example/p/<i>``, all new), all enqueued first, then taken one
 by one with ``next_request()``; for the spine each taken request is reported done as
-the engine does (``_on_request_done``: its ack waits in the outbox and travels with
+the engine does (through the scheduler's engine port: its ack waits in the outbox and travels with
 the next lease), with 16 free download slots so a lease takes up to 16 requests in
 one round trip. Redis memory per queued request is
 the ``used_memory`` growth after the enqueue phase, divided by N.
@@ -35,8 +35,18 @@ IMPLS = ("scrapy", "scrapy-disk", "scrapy-redis", "spine")
 SLOTS = 16
 
 
-class _Hooks:
-    """Stands in for the engine: 16 free download slots, wake-ups ignored."""
+class _Engine:
+    """Stands in for the engine (the scheduler's ``EnginePort``): 16 free download
+    slots, wake-ups ignored; :meth:`done` is the engine's "done with this request"."""
+
+    def __init__(self) -> None:
+        self.done: Any = None
+
+    def attach(self, on_request_done: Any) -> None:
+        self.done = on_request_done
+
+    def detach(self) -> None:
+        pass
 
     def free_download_slots(self) -> int:
         return SLOTS
@@ -44,7 +54,7 @@ class _Hooks:
     def wake(self) -> None:
         pass
 
-    def uninstall(self) -> None:
+    def close_spider(self, reason: str) -> None:
         pass
 
 
@@ -99,15 +109,13 @@ def child(
     elif impl == "spine":
         from scrapy_redisspine.scheduler import Scheduler as SpineScheduler
 
-        scheduler = SpineScheduler.from_crawler(crawler)
-        scheduler.crawler = None  # no engine to hook into: _Hooks stands in below
+        engine = _Engine()
+        scheduler = SpineScheduler.from_crawler(crawler, engine=engine)
     else:
         from scrapy.core.scheduler import Scheduler as ScrapyScheduler
 
         scheduler = ScrapyScheduler.from_crawler(crawler)
     scheduler.open(spider)
-    if impl == "spine":
-        scheduler._hooks = _Hooks()
     client = redis.Redis.from_url(redis_url)
     requests = _requests(n, hosts)
     memory_before = int(client.info("memory")["used_memory"])
@@ -115,7 +123,7 @@ def child(
     for request in requests:
         scheduler.enqueue_request(request)
     if impl == "spine":
-        scheduler._try_flush()  # the outbox's last partial batch
+        scheduler.outbox.try_flush()  # the outbox's last partial batch
     enqueued = time.perf_counter()
     memory = int(client.info("memory")["used_memory"]) - memory_before
     taken = 0
@@ -125,7 +133,7 @@ def child(
             break
         taken += 1
         if impl == "spine":
-            scheduler._on_request_done(request)
+            engine.done(request)
     done = time.perf_counter()
     close = scheduler.close("finished")
     del close

@@ -6,7 +6,10 @@ removes it with ``_slot.remove_request(request)`` only after the scraper has ful
 processed the response or failure: callback/errback output consumed, the requests it
 yielded already passed to the scheduler. That call is exactly the moment a lease may
 be acked, so we wrap it. Waking the engine when work appears in Redis uses
-``_slot.nextcall.schedule()``.
+``_slot.nextcall.schedule()``; closing it from the scheduler (a drain order) uses
+the engine's close call, which changed between Scrapy versions.
+
+The scheduler sees all of this through :class:`EnginePort` only.
 
 :func:`check_engine` verifies at start-up that these internals look as expected and
 fails loudly, naming the Scrapy version, instead of silently never acking.
@@ -14,7 +17,7 @@ fails loudly, naming the Scrapy version, instead of silently never acking.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import scrapy
 
@@ -58,40 +61,66 @@ def check_engine(crawler: Crawler) -> None:
         )
 
 
+class EnginePort(Protocol):
+    """What the scheduler needs from Scrapy's engine: the one port to its internals.
+
+    Tests pass a fake through ``Scheduler(engine=...)``; a crawl passes
+    :class:`EngineHooks`.
+    """
+
+    def attach(self, on_request_done: Callable[[Request], None]) -> None:
+        """Call ``on_request_done(request)`` when the engine is done with a request."""
+
+    def detach(self) -> None:
+        """Stop calling it (the scheduler closes)."""
+
+    def wake(self) -> None:
+        """Ask the engine to call ``next_request()`` soon."""
+
+    def free_download_slots(self) -> int:
+        """How many more requests the downloader would take now."""
+
+    def close_spider(self, reason: str) -> None:
+        """Ask the engine to close the spider with ``reason``."""
+
+
 class EngineHooks:
-    """Acks on request completion, wakes the engine, reads free download slots."""
+    """:class:`EnginePort` over a running crawler's engine.
+
+    Built in ``Scheduler.from_crawler``, before the engine has its slot; the
+    internals are checked (and the hook installed) by :meth:`attach`, at open.
+    """
 
     def __init__(self, crawler: Crawler) -> None:
-        check_engine(crawler)
         self._crawler = crawler
-        self._slot = _slot(crawler)
+        self._slot: Any = None
         self._original_remove: Callable[[Request], None] | None = None
 
-    def on_request_done(self, callback: Callable[[Request], None]) -> None:
-        """Call ``callback(request)`` just before the engine forgets a request.
+    def attach(self, on_request_done: Callable[[Request], None]) -> None:
+        """Call ``on_request_done(request)`` just before the engine forgets a request.
 
         Ours runs first so that the ack (and the children flushed with it) is in
         Redis before the engine can decide that the spider is idle or closed.
         """
-        slot = self._slot
+        check_engine(self._crawler)
+        slot = self._slot = _slot(self._crawler)
         original = slot.remove_request
         self._original_remove = original
 
         def remove_request(request: Request) -> None:
             try:
-                callback(request)
+                on_request_done(request)
             finally:
                 original(request)
 
         slot.remove_request = remove_request
 
-    def uninstall(self) -> None:
+    def detach(self) -> None:
         if self._original_remove is not None:
             self._slot.remove_request = self._original_remove
             self._original_remove = None
 
     def wake(self) -> None:
-        """Ask the engine to call ``next_request()`` soon."""
         slot = _slot(self._crawler)
         if slot is not None:
             slot.nextcall.schedule()
@@ -100,3 +129,15 @@ class EngineHooks:
         downloader = self._crawler.engine.downloader  # type: ignore[union-attr]
         total = int(getattr(downloader, "total_concurrency", 0) or 0)
         return max(total - len(downloader.active), 0) if total else 1
+
+    def close_spider(self, reason: str) -> None:
+        """The engine's close call differs across Scrapy versions."""
+        engine: Any = self._crawler.engine
+        if engine is None:
+            return
+        if hasattr(engine, "close_spider_async"):
+            from scrapy.utils.defer import deferred_from_coro
+
+            deferred_from_coro(engine.close_spider_async(reason=reason))
+        else:
+            engine.close_spider(self._crawler.spider, reason)

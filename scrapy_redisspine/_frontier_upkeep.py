@@ -172,6 +172,11 @@ class FrontierUpkeep:
         now_ms = seconds * 1000 + micros // 1000
         return int(self.client.zcount(self.keys.workers, now_ms - timeout_ms, "+inf"))
 
+    def memory(self) -> tuple[int, int]:
+        """(used_memory, maxmemory) of the server, in bytes (``INFO memory``)."""
+        info = self.client.info("memory")
+        return int(info.get("used_memory", 0)), int(info.get("maxmemory", 0))
+
     def record_progress(self, worker_acks: int, fleet_acks: int) -> None:
         """Add a rate sample (this worker's and the fleet's acks) to ``progress``."""
         record_progress(self.client, self.keys, self.worker_id, worker_acks, fleet_acks)

@@ -24,7 +24,6 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
     import redis
-    from scrapy.crawler import Crawler
 
     from scrapy_redisspine.keys import CrawlKeys
 
@@ -61,19 +60,6 @@ def give_order(client: redis.Redis, keys: CrawlKeys, order: str, on: bool) -> No
         client.hset(keys.control, order, "1")
     else:
         client.hdel(keys.control, order)
-
-
-def close_spider(crawler: Crawler, reason: str) -> None:
-    """Ask the engine to close the spider (API differs across Scrapy versions)."""
-    engine: Any = crawler.engine
-    if engine is None:
-        return
-    if hasattr(engine, "close_spider_async"):
-        from scrapy.utils.defer import deferred_from_coro
-
-        deferred_from_coro(engine.close_spider_async(reason=reason))
-    else:
-        engine.close_spider(crawler.spider, reason)
 
 
 class StatsPusher:

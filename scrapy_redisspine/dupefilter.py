@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 from scrapy.dupefilters import BaseDupeFilter
+from scrapy.utils.misc import build_from_crawler, load_object
 from scrapy.utils.request import referer_str
 
 from scrapy_redisspine.dedup import IMPL_BITMAP, MODE_SET, Dedup, DedupParams, MaintenanceStep
@@ -239,3 +240,22 @@ class RedisDupeFilter(BaseDupeFilter):
             self.logdupes = False
         if self.stats is not None:
             self.stats.inc_value("dupefilter/filtered")
+
+
+def fleet_dupefilter(crawler: Crawler) -> BaseDupeFilter:
+    """The project's DUPEFILTER_CLASS for the scheduler; Scrapy's default in-memory
+    one would dedup per process, so it is replaced by ours."""
+    path = crawler.settings.get("DUPEFILTER_CLASS") or "scrapy.dupefilters.RFPDupeFilter"
+    cls = load_object(path)
+    if cls is load_object("scrapy.dupefilters.RFPDupeFilter"):
+        logger.info(
+            "redisspine: DUPEFILTER_CLASS is Scrapy's per-process RFPDupeFilter; using the "
+            "fleet-wide scrapy_redisspine.dupefilter.RedisDupeFilter instead"
+        )
+        cls = RedisDupeFilter
+    elif not issubclass(cls, RedisDupeFilter) and cls is not BaseDupeFilter:
+        logger.warning(
+            "redisspine: DUPEFILTER_CLASS %s keeps its record in this process only; "
+            "other workers will not see what it filtered", path,
+        )
+    return build_from_crawler(cls, crawler)  # type: ignore[no-any-return]

@@ -22,6 +22,9 @@ numeric Scrapy stats to the crawl's ``fleet_stats`` HASH (see ``control.py``).
 ``FleetLog`` logs, every ``LOGSTATS_INTERVAL``, the fleet's totals beside this
 worker's own, so that any one worker's log tells the whole crawl's progress.
 
+Both talk to the worker through the ``signals.WorkerView`` sent with
+``worker_opened``, never through the scheduler.
+
 Keys touched: workers, owned, inflight, leases, queue, dead, requeues, stats,
 fleet_stats.
 """
@@ -34,9 +37,9 @@ from typing import TYPE_CHECKING, Any
 import redis
 from scrapy import signals as scrapy_signals
 from scrapy.exceptions import NotConfigured
-from twisted.internet import task
 
 from scrapy_redisspine import signals
+from scrapy_redisspine._clock import Clock, Periodic, ReactorClock
 from scrapy_redisspine.control import StatsPusher
 from scrapy_redisspine.settings import SpineConfig, load_config
 
@@ -44,23 +47,22 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
     from scrapy.statscollectors import StatsCollector
 
-    from scrapy_redisspine.scheduler import Scheduler
-
 logger = logging.getLogger(__name__)
 
-_HIGH_WATER = 0.9
-_LOW_WATER = 0.8
 _SWEEP_LIMIT = 1000
 
 
 class Recovery:
     """Periodic sweep of stale leases, fleet stats and the memory watch."""
 
-    def __init__(self, config: SpineConfig, stats: StatsCollector) -> None:
+    def __init__(
+        self, config: SpineConfig, stats: StatsCollector, clock: Clock | None = None
+    ) -> None:
         self.config = config
         self.stats = stats
-        self.scheduler: Scheduler | None = None
-        self._timer: task.LoopingCall | None = None
+        self.clock: Clock = clock or ReactorClock()
+        self.worker: signals.WorkerView | None = None
+        self._timer = Periodic("sweep", self.sweep, config.sweep_seconds, self.clock, stats)
         self._pusher: StatsPusher | None = None
 
     @classmethod
@@ -74,60 +76,54 @@ class Recovery:
         crawler.signals.connect(extension.worker_closing, signal=signals.worker_closing)
         return extension
 
-    def worker_opened(self, scheduler: Scheduler) -> None:
-        self.scheduler = scheduler
-        if scheduler.frontier is not None:
-            self._pusher = StatsPusher(scheduler.frontier.client, scheduler.frontier.keys)
-        self._timer = task.LoopingCall(self.sweep)
-        self._timer.start(self.config.sweep_seconds, now=False)
+    def worker_opened(self, worker: signals.WorkerView) -> None:
+        self.worker = worker
+        self._pusher = StatsPusher(worker.upkeep.client, worker.upkeep.keys)
+        self._timer.start()
 
     def spider_closed(self, *_: Any, **__: Any) -> None:
-        if self._timer is not None and self._timer.running:
-            self._timer.stop()
+        self._timer.stop()
 
-    def worker_closing(self, scheduler: Scheduler) -> None:
+    def worker_closing(self, worker: signals.WorkerView) -> None:
         """Last push of this worker's stats while its connection is still open."""
-        if self._pusher is None or not scheduler.health.available():
+        if self._pusher is None or not worker.guard.available():
             return
         try:
             self._pusher.push(self.stats.get_stats())
         except redis.RedisError as exc:
-            scheduler.health.failed("fleet_stats", exc)
+            worker.guard.failed("fleet_stats", exc)
 
     def sweep(self) -> None:
-        scheduler = self.scheduler
-        if scheduler is None or scheduler.frontier is None:
-            return
-        if not scheduler.health.available():
+        worker = self.worker
+        if worker is None or not worker.guard.available():
             return
         try:
             if self._pusher is not None:
                 self._pusher.push(self.stats.get_stats())
         except redis.RedisError as exc:
-            scheduler.health.failed("fleet_stats", exc)
+            worker.guard.failed("fleet_stats", exc)
             return
         # After an outage every heartbeat is old; give live workers one timeout to
         # beat again before taking anyone for dead.
-        if scheduler.health.healthy_for() < self.config.worker_timeout_seconds:
+        if worker.guard.healthy_for() < self.config.worker_timeout_seconds:
             return
         try:
-            self._sweep_leases(scheduler)
-            self._read_fleet(scheduler)
-            self._watch_memory(scheduler)
+            self._sweep_leases(worker)
+            self._read_fleet(worker)
+            self._watch_memory(worker)
         except redis.RedisError as exc:
-            scheduler.health.failed("sweep", exc)
+            worker.guard.failed("sweep", exc)
 
-    def _sweep_leases(self, scheduler: Scheduler) -> None:
-        assert scheduler.frontier is not None
-        result = scheduler.frontier.requeue_stale(
+    def _sweep_leases(self, worker: signals.WorkerView) -> None:
+        delays = worker.hosts.delays
+        result = worker.upkeep.requeue_stale(
             timeout_ms=int(self.config.worker_timeout_seconds * 1000),
             ceiling_ms=int(self.config.lease_ceiling_seconds * 1000),
             max_requeues=self.config.max_requeues,
             limit=_SWEEP_LIMIT,
             # the dead worker may have been fetching: its lanes rest their delay
-            rest_ms=int(scheduler.delays.default_seconds * 1000),
-            lane_rests={lane: int(seconds * 1000)
-                        for lane, seconds in scheduler.delays.overrides.items()},
+            rest_ms=int(delays.default_seconds * 1000),
+            lane_rests={lane: int(seconds * 1000) for lane, seconds in delays.overrides.items()},
         )
         if result.requeued or result.dead_lettered:
             self.stats.inc_value("redisspine/recovery/requeued", result.requeued)
@@ -137,53 +133,37 @@ class Recovery:
                 "requeued too often went to the dead letters",
                 result.requeued, result.workers_removed, result.dead_lettered,
             )
-            scheduler.wake()
+            worker.wake()
 
-    def _read_fleet(self, scheduler: Scheduler) -> None:
-        assert scheduler.frontier is not None
-        counters = scheduler.frontier.fleet_stats()
+    def _read_fleet(self, worker: signals.WorkerView) -> None:
+        counters = worker.upkeep.fleet_stats()
         for name, value in counters.items():
             self.stats.set_value(f"redisspine/fleet/{name}", value)
-        scheduler.frontier.record_progress(
+        worker.upkeep.record_progress(
             int(self.stats.get_value("redisspine/scheduler/acked", 0)), counters.get("acked", 0)
         )
-        alive = scheduler.frontier.workers_alive(int(self.config.worker_timeout_seconds * 1000))
+        alive = worker.upkeep.workers_alive(int(self.config.worker_timeout_seconds * 1000))
         self.stats.set_value("redisspine/fleet/workers_alive", alive)
 
-    def _watch_memory(self, scheduler: Scheduler) -> None:
-        assert scheduler.frontier is not None
-        info = scheduler.frontier.client.info("memory")
-        used = int(info.get("used_memory", 0))
-        limits = [int(info.get("maxmemory", 0)), self.config.memory_budget_bytes]
-        limit = min((value for value in limits if value > 0), default=0)
-        if not limit:
-            return
-        share = used / limit
-        self.stats.set_value("redisspine/memory/used_share", round(share, 3))
-        if not scheduler.memory_pressure and share >= _HIGH_WATER:
-            scheduler.memory_pressure = True
-            self.stats.set_value("redisspine/memory/over_budget", 1)
-            logger.warning(
-                "redisspine: Redis uses %d of %d bytes (%.0f %%): no longer queueing newly "
-                "discovered requests until it falls below %.0f %%",
-                used, limit, share * 100, _LOW_WATER * 100,
-            )
-        elif scheduler.memory_pressure and share < _LOW_WATER:
-            scheduler.memory_pressure = False
-            self.stats.set_value("redisspine/memory/over_budget", 0)
-            logger.info("redisspine: Redis memory back to %.0f %%: queueing again", share * 100)
+    def _watch_memory(self, worker: signals.WorkerView) -> None:
+        used, maxmemory = worker.upkeep.memory()
+        limits = [maxmemory, self.config.memory_budget_bytes]
+        worker.guard.observe_memory(used, min((value for value in limits if value > 0), default=0))
 
 
 class FleetLog:
     """Every ``LOGSTATS_INTERVAL``: the fleet's queued, in flight and live workers,
     beside this worker's own pages and items (one extra round trip per interval)."""
 
-    def __init__(self, config: SpineConfig, stats: StatsCollector, interval: float) -> None:
+    def __init__(
+        self, config: SpineConfig, stats: StatsCollector, interval: float,
+        clock: Clock | None = None,
+    ) -> None:
         self.config = config
         self.stats = stats
         self.interval = interval
-        self.scheduler: Scheduler | None = None
-        self._timer: task.LoopingCall | None = None
+        self.worker: signals.WorkerView | None = None
+        self._timer = Periodic("fleet log", self.log, interval, clock or ReactorClock(), stats)
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> FleetLog:
@@ -195,26 +175,22 @@ class FleetLog:
         crawler.signals.connect(extension.worker_closing, signal=signals.worker_closing)
         return extension
 
-    def worker_opened(self, scheduler: Scheduler) -> None:
-        self.scheduler = scheduler
-        self._timer = task.LoopingCall(self.log)
-        self._timer.start(self.interval, now=False)
+    def worker_opened(self, worker: signals.WorkerView) -> None:
+        self.worker = worker
+        self._timer.start()
 
     def worker_closing(self, *_: Any, **__: Any) -> None:
-        if self._timer is not None and self._timer.running:
-            self._timer.stop()
+        self._timer.stop()
 
     def log(self) -> None:
-        scheduler = self.scheduler
-        if scheduler is None or scheduler.frontier is None or not scheduler.health.available():
+        worker = self.worker
+        if worker is None or not worker.guard.available():
             return
         try:
-            queued, inflight = scheduler.frontier.counts()
-            alive = scheduler.frontier.workers_alive(
-                int(self.config.worker_timeout_seconds * 1000)
-            )
+            queued, inflight = worker.upkeep.counts()
+            alive = worker.upkeep.workers_alive(int(self.config.worker_timeout_seconds * 1000))
         except redis.RedisError as exc:
-            scheduler.health.failed("fleet_log", exc)
+            worker.guard.failed("fleet_log", exc)
             return
         logger.info(
             "redisspine fleet: %d queued, %d in flight, %d worker(s); this worker: "

@@ -29,7 +29,6 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
     from scrapy.http import Response
 
-    from scrapy_redisspine.scheduler import Scheduler
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +58,7 @@ class Politeness:
     def __init__(self, config: SpineConfig, user_agent: str = "*") -> None:
         self.config = config
         self.user_agent = user_agent
-        self.scheduler: Scheduler | None = None
+        self.worker: signals.WorkerView | None = None
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Politeness:
@@ -77,17 +76,17 @@ class Politeness:
             )
         return middleware
 
-    def worker_opened(self, scheduler: Scheduler) -> None:
-        self.scheduler = scheduler
+    def worker_opened(self, worker: signals.WorkerView) -> None:
+        self.worker = worker
 
     def process_response(
         self, request: Request, response: Response, *args: Any, **kwargs: Any
     ) -> Response:  # Scrapy < 2.14 also passes spider=
-        if response.status in _RETRY_AFTER_STATUSES and self.scheduler is not None:
+        if response.status in _RETRY_AFTER_STATUSES and self.worker is not None:
             seconds = parse_retry_after(response.headers.get(b"Retry-After"))
             if seconds is not None:
                 capped = min(seconds, self.config.max_retry_after_seconds)
-                self.scheduler.block_host(request, capped)
+                self.worker.hosts.block_host(request, capped)
                 logger.info(
                     "redisspine: %s answered %d with Retry-After %.0f s: host blocked "
                     "fleet-wide for %.0f s", request.url, response.status, seconds, capped,
@@ -95,11 +94,11 @@ class Politeness:
         return response
 
     def robots_parsed(self, robotparser: Any, request: Request, **_: Any) -> None:
-        if self.scheduler is None:
+        if self.worker is None:
             return
         try:
             delay = robotparser.crawl_delay(self.user_agent)
         except Exception:  # a parser that cannot answer means no Crawl-delay
             delay = None
         if delay:
-            self.scheduler.learn_crawl_delay(request.url, float(delay))
+            self.worker.hosts.learn_crawl_delay(request.url, float(delay))

@@ -17,54 +17,59 @@ from scrapy_redisspine.control import (
 )
 from scrapy_redisspine.keys import CrawlKeys
 from scrapy_redisspine.status import Sample, read_status
-from tests.unit import test_scheduler
-from tests.unit.test_scheduler import KEYS, Backend, MakeScheduler, _next, _pending
+from tests.unit.conftest import engine_of, finish, next_request, pending
 
 if TYPE_CHECKING:
-    from scrapy_redisspine.scheduler import Scheduler
+    import redis
 
-# The scheduler tests' fixtures: a scheduler opened on fakeredis and on the real server.
-make_scheduler = test_scheduler.make_scheduler
-redis_backend = test_scheduler.redis_backend
+    from scrapy_redisspine.scheduler import Scheduler
+    from tests.unit.conftest import MakeScheduler
+
+KEYS = CrawlKeys("redisspine", "test")
 
 
 def _open(make: MakeScheduler) -> Scheduler:
     scheduler = make()
     for n in range(3):
         scheduler.enqueue_request(Request(f"http://a{n}.test/"))
-    scheduler._flush()
+    scheduler.outbox.flush()
     return scheduler
 
 
 def test_paused_worker_leases_nothing_and_does_not_finish(
-    make_scheduler: MakeScheduler, redis_backend: Backend
+    make_scheduler: MakeScheduler, client: redis.Redis
 ) -> None:
     scheduler = _open(make_scheduler)
-    give_order(redis_backend.client, KEYS, PAUSED, True)
-    scheduler._on_heartbeat()
-    assert scheduler.orders.paused
-    assert _next(scheduler) is None
-    assert redis_backend.client.hlen(KEYS.inflight) == 0
-    assert _pending(scheduler)
-    give_order(redis_backend.client, KEYS, PAUSED, False)
-    scheduler._on_heartbeat()
-    assert _next(scheduler) is not None
+    give_order(client, KEYS, PAUSED, True)
+    scheduler.fleet.heartbeat()
+    assert scheduler.fleet.orders.paused
+    assert next_request(scheduler) is None
+    assert client.hlen(KEYS.inflight) == 0
+    assert pending(scheduler)
+    give_order(client, KEYS, PAUSED, False)
+    scheduler.fleet.heartbeat()
+    assert next_request(scheduler) is not None
 
 
 def test_draining_worker_stops_leasing_and_stays_pending(
-    make_scheduler: MakeScheduler, redis_backend: Backend
+    make_scheduler: MakeScheduler, client: redis.Redis
 ) -> None:
     scheduler = _open(make_scheduler)
-    request = _next(scheduler)
+    request = next_request(scheduler)
     assert request is not None
-    give_order(redis_backend.client, KEYS, DRAIN, True)
-    scheduler._on_heartbeat()
+    give_order(client, KEYS, DRAIN, True)
+    scheduler.fleet.heartbeat()
     assert scheduler.next_request() is None
-    assert _pending(scheduler)
-    scheduler._on_request_done(request)
+    assert pending(scheduler)
+    assert engine_of(scheduler).closed == [], "a request is still in progress"
+    finish(scheduler, request)
+    scheduler.fleet.heartbeat()
+    assert engine_of(scheduler).closed == ["drained"], "nothing in progress: it closes"
+    scheduler.fleet.heartbeat()
+    assert engine_of(scheduler).closed == ["drained"], "asked once"
     scheduler.close("drained")
-    assert redis_backend.client.hlen(KEYS.inflight) == 0
-    assert redis_backend.client.zcard(KEYS.queue) == 2
+    assert client.hlen(KEYS.inflight) == 0
+    assert client.zcard(KEYS.queue) == 2
 
 
 def test_orders_default_to_running() -> None:

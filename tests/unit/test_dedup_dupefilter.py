@@ -312,7 +312,7 @@ def test_scheduler_filters_duplicates_in_bloom_mode(redis_url: str, inspect: red
     })
     stats = MemoryStatsCollector(get_crawler(DedupSpider))
     dupefilter = RedisDupeFilter(RequestFingerprinter(), config, stats=stats)
-    scheduler = Scheduler(config, dupefilter, stats, crawler=None, worker_id="w1")
+    scheduler = Scheduler(config, dupefilter, stats, clock=task.Clock(), worker_id="w1")
     scheduler.open(DedupSpider())
     try:
         step = dupefilter.maintain()
@@ -322,7 +322,7 @@ def test_scheduler_filters_duplicates_in_bloom_mode(redis_url: str, inspect: red
             for i in range(5):
                 scheduler.enqueue_request(Request(f"https://a.example/{i}"))
             scheduler.enqueue_request(Request("https://a.example/again", dont_filter=True))
-            scheduler._flush()
+            scheduler.outbox.flush()
         assert stats.get_value("dupefilter/filtered") == 5
         assert stats.get_value("scheduler/enqueued") == 7
         assert inspect.zcard(KEYS.queue) == 7

@@ -56,12 +56,12 @@ def test_hook_runs_before_the_engine_forgets_the_request_and_can_be_removed() ->
     hooks = EngineHooks(_crawler(slot))
     seen: list[tuple[object, bool]] = []
     request = scrapy.Request("http://example.com")
-    hooks.on_request_done(lambda r: seen.append((r, r in slot.inprogress)))
+    hooks.attach(lambda r: seen.append((r, r in slot.inprogress)))
     slot.add_request(request)
     slot.remove_request(request)
     assert seen == [(request, True)], "the ack must run while the engine still holds it"
     assert request not in slot.inprogress
-    hooks.uninstall()
+    hooks.detach()
     slot.add_request(request)
     slot.remove_request(request)
     assert len(seen) == 1
@@ -74,7 +74,7 @@ def test_hook_failure_still_lets_the_engine_forget_the_request() -> None:
     def broken(_: object) -> None:
         raise RuntimeError("boom")
 
-    hooks.on_request_done(broken)
+    hooks.attach(broken)
     request = scrapy.Request("http://example.com")
     slot.add_request(request)
     with pytest.raises(RuntimeError):
@@ -85,3 +85,17 @@ def test_hook_failure_still_lets_the_engine_forget_the_request() -> None:
 def test_free_download_slots_counts_active_downloads() -> None:
     active = {object(), object(), object()}
     assert EngineHooks(_crawler(_real_slot(), active)).free_download_slots() == 5
+
+
+def test_close_spider_uses_the_engines_call_of_this_scrapy() -> None:
+    closed: list[tuple[object, ...]] = []
+
+    async def close_spider_async(*, reason: str) -> None:
+        closed.append(("async", reason))
+
+    new = SimpleNamespace(close_spider_async=close_spider_async)
+    EngineHooks(SimpleNamespace(engine=new, spider="s")).close_spider("drained")  # type: ignore[arg-type]
+    old = SimpleNamespace(close_spider=lambda spider, reason: closed.append((spider, reason)))
+    EngineHooks(SimpleNamespace(engine=old, spider="s")).close_spider("drained")  # type: ignore[arg-type]
+    EngineHooks(SimpleNamespace(engine=None, spider="s")).close_spider("drained")  # type: ignore[arg-type]
+    assert closed == [("async", "drained"), ("s", "drained")]

@@ -14,7 +14,7 @@ import hashlib
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 import fakeredis
@@ -23,24 +23,26 @@ from scrapy import Request, Spider
 from scrapy.http import Response
 from scrapy.settings import Settings
 from scrapy.statscollectors import MemoryStatsCollector
-from scrapy.utils.request import RequestFingerprinter
 from scrapy.utils.test import get_crawler
 
-import scrapy_redisspine.worker
-from scrapy_redisspine.dupefilter import RedisDupeFilter
+from scrapy_redisspine._guard import RedisGuard
+from scrapy_redisspine._host_policy import HostPolicy
+from scrapy_redisspine._leasebook import LeaseBook
 from scrapy_redisspine.frontier import Frontier, NewRequest, split_member
 from scrapy_redisspine.keys import CrawlKeys
 from scrapy_redisspine.middleware import Politeness, parse_retry_after
 from scrapy_redisspine.politeness import DelayPolicy, make_lane_function
-from scrapy_redisspine.scheduler import Scheduler
 from scrapy_redisspine.settings import ConfigError, load_config
+from tests.unit.conftest import engine_of, finish, next_request
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable
 
     import redis
+    from twisted.internet import task
 
-    from tests.unit.conftest import FrontierFactory
+    from scrapy_redisspine.scheduler import Scheduler
+    from tests.unit.conftest import FrontierFactory, MakeScheduler
 
 TIMEOUT_MS = 30_000
 REST_MS = 60_000  # a rest no test outlives
@@ -836,7 +838,9 @@ class TestParseRetryAfter:
 # -- the Politeness middleware -------------------------------------------------------------
 
 
-class StubScheduler:
+class StubHosts:
+    """The host policy as the middleware sees it (through the worker's view)."""
+
     def __init__(self) -> None:
         self.blocks: list[tuple[Request, float]] = []
         self.learned: list[tuple[str, float]] = []
@@ -861,13 +865,13 @@ class StubRobotParser:
         return self.delay
 
 
-def _middleware(**settings: Any) -> tuple[Politeness, StubScheduler]:
+def _middleware(**settings: Any) -> tuple[Politeness, StubHosts]:
     middleware = Politeness(
         load_config({"REDISSPINE_MAX_RETRY_AFTER_SECONDS": 100, **settings}), "testbot"
     )
-    scheduler = StubScheduler()
-    middleware.worker_opened(scheduler)  # type: ignore[arg-type]
-    return middleware, scheduler
+    hosts = StubHosts()
+    middleware.worker_opened(SimpleNamespace(hosts=hosts))  # type: ignore[arg-type]
+    return middleware, hosts
 
 
 def _response(request: Request, status: int, **headers: str) -> Response:
@@ -884,11 +888,11 @@ class TestPolitenessMiddleware:
     def test_retry_after_blocks_the_host(
         self, status: int, header: str, blocked: float
     ) -> None:
-        middleware, scheduler = _middleware()
+        middleware, hosts = _middleware()
         request = Request("http://a.example/page")
         response = _response(request, status, **{"Retry-After": header})
         assert middleware.process_response(request, response) is response
-        assert scheduler.blocks == [(request, blocked)]
+        assert hosts.blocks == [(request, blocked)]
 
     @pytest.mark.parametrize(("status", "headers"), [
         (200, {"Retry-After": "30"}),
@@ -898,11 +902,11 @@ class TestPolitenessMiddleware:
         (503, {"Retry-After": "later"}),
     ])
     def test_other_answers_block_nothing(self, status: int, headers: dict[str, str]) -> None:
-        middleware, scheduler = _middleware()
+        middleware, hosts = _middleware()
         request = Request("http://a.example/page")
         response = _response(request, status, **headers)
         assert middleware.process_response(request, response, Spider("s")) is response
-        assert scheduler.blocks == []
+        assert hosts.blocks == []
 
     def test_before_the_worker_opened_nothing_happens(self) -> None:
         middleware = Politeness(load_config({}))
@@ -912,11 +916,11 @@ class TestPolitenessMiddleware:
         middleware.robots_parsed(StubRobotParser(5), request)
 
     def test_robots_crawl_delay_is_learned(self) -> None:
-        middleware, scheduler = _middleware()
+        middleware, hosts = _middleware()
         parser = StubRobotParser(delay=4)
         request = Request("http://a.example/robots.txt")
         middleware.robots_parsed(parser, request)
-        assert scheduler.learned == [("http://a.example/robots.txt", 4.0)]
+        assert hosts.learned == [("http://a.example/robots.txt", 4.0)]
         assert parser.asked == ["testbot"]
 
     @pytest.mark.parametrize("parser", [
@@ -924,9 +928,9 @@ class TestPolitenessMiddleware:
         StubRobotParser(error=AttributeError("no crawl_delay")),
     ])
     def test_no_crawl_delay_learns_nothing(self, parser: StubRobotParser) -> None:
-        middleware, scheduler = _middleware()
+        middleware, hosts = _middleware()
         middleware.robots_parsed(parser, Request("http://a.example/robots.txt"))
-        assert scheduler.learned == []
+        assert hosts.learned == []
 
     def test_from_crawler_uses_the_robots_user_agent(self) -> None:
         crawler = get_crawler(Spider, {"ROBOTSTXT_USER_AGENT": "robobot", "USER_AGENT": "ua"})
@@ -997,85 +1001,37 @@ class PoliteSpider(Spider):
         pass
 
 
-def _scheduler(url: str, worker_id: str = "w1", **settings: Any) -> Scheduler:
-    config = load_config(
-        {
-            "REDISSPINE_REDIS_URL": url,
-            "REDISSPINE_CRAWL_ID": KEYS.crawl_id,
-            "REDISSPINE_IDLE_POLL_SECONDS": 0.01,
-            "DOWNLOAD_DELAY_JITTER": 0,
-            **settings,
-        }
-    )
+def _host_policy(**settings: Any) -> HostPolicy:
+    """A worker's host policy on its own (no Redis call is made)."""
+    config = load_config({"DOWNLOAD_DELAY_JITTER": 0, **settings})
     stats = MemoryStatsCollector(get_crawler(PoliteSpider))
-    dupefilter = RedisDupeFilter(RequestFingerprinter(), config, stats=stats)
-    return Scheduler(config, dupefilter, stats, crawler=None, worker_id=worker_id)
-
-
-MakeScheduler = Callable[..., Scheduler]
-
-
-@pytest.fixture
-def make_scheduler(
-    backend: str, client: redis.Redis, request: pytest.FixtureRequest,
-    monkeypatch: pytest.MonkeyPatch,
-) -> Iterator[MakeScheduler]:
-    """``make_scheduler(worker_id, spider=None, **settings)``: opened on ``client``'s data."""
-    if backend == "fakeredis":
-        server = client.connection_pool.connection_kwargs["server"]
-        monkeypatch.setattr(
-            scrapy_redisspine.worker, "client_from_url",
-            lambda url: fakeredis.FakeRedis(server=server),
-        )
-        url = "redis://fakeredis.invalid:6379/0"
-    else:
-        url = str(request.getfixturevalue("redis_url"))
-    opened: list[Scheduler] = []
-
-    def make(worker_id: str = "w1", spider: Spider | None = None, **settings: Any) -> Scheduler:
-        scheduler = _scheduler(url, worker_id, **settings)
-        scheduler.open(spider or PoliteSpider())
-        opened.append(scheduler)
-        return scheduler
-
-    yield make
-    for scheduler in opened:
-        if any(timer.running for timer in scheduler._timers):
-            scheduler.close("shutdown")
-
-
-def _next(scheduler: Scheduler) -> Request | None:
-    for _ in range(3):
-        request = scheduler.next_request()
-        if request is not None:
-            return request
-        time.sleep(0.015)
-    return None
+    frontier = Frontier(fakeredis.FakeRedis(), KEYS, "w1")
+    return HostPolicy(config, frontier, RedisGuard(stats, time.monotonic), LeaseBook(), stats)
 
 
 class TestTakeOverDownloadDelay:
     def test_setting_becomes_the_fleet_default_and_scrapys_delay_is_off(self) -> None:
-        scheduler = _scheduler("redis://unused.invalid", DOWNLOAD_DELAY=2)
+        hosts = _host_policy(DOWNLOAD_DELAY=2)
         spider = PoliteSpider()
-        scheduler._take_over_download_delay(spider)
+        hosts.take_over_download_delay(spider)
         assert spider.download_delay == 0  # type: ignore[attr-defined]
-        assert scheduler.delays.default_seconds == 2.0
+        assert hosts.delays.default_seconds == 2.0
 
     def test_the_spiders_own_delay_wins(self) -> None:
-        scheduler = _scheduler("redis://unused.invalid", DOWNLOAD_DELAY=2)
+        hosts = _host_policy(DOWNLOAD_DELAY=2)
         spider = PoliteSpider()
         spider.download_delay = 3.5  # type: ignore[attr-defined]
-        scheduler._take_over_download_delay(spider)
+        hosts.take_over_download_delay(spider)
         assert spider.download_delay == 0  # type: ignore[attr-defined]
-        assert scheduler.delays.default_seconds == 3.5
-        assert scheduler.delays.next_delay_ms("a.example") == 3_500
+        assert hosts.delays.default_seconds == 3.5
+        assert hosts.delays.next_delay_ms("a.example") == 3_500
 
     def test_open_takes_it_over(self, make_scheduler: MakeScheduler) -> None:
         spider = PoliteSpider()
         spider.download_delay = 1.25  # type: ignore[attr-defined]
         scheduler = make_scheduler(spider=spider)
         assert spider.download_delay == 0  # type: ignore[attr-defined]
-        assert scheduler.delays.default_seconds == 1.25
+        assert scheduler.hosts.delays.default_seconds == 1.25
 
 
 class TestSchedulerPoliteness:
@@ -1085,14 +1041,14 @@ class TestSchedulerPoliteness:
         scheduler = make_scheduler(DOWNLOAD_DELAY=60)
         for url in ("http://a.example/1", "http://a.example/2", "http://b.example/1"):
             scheduler.enqueue_request(Request(url))
-        first = _next(scheduler)
+        first = next_request(scheduler)
         assert first is not None
         host = first.url.split("/")[2]
         before = _server_ms(client)
-        scheduler._on_request_done(first)
-        assert scheduler._try_flush()  # the ack waits for a lease or the flush timer
+        finish(scheduler, first)
+        assert scheduler.outbox.try_flush()  # the ack waits for a lease or the flush timer
         assert int(client.hget(KEYS.host_next, host)) >= before + 60_000
-        rest = [r.url for r in iter(lambda: _next(scheduler), None)]
+        rest = [r.url for r in iter(lambda: next_request(scheduler, 3), None)]
         assert first.url not in rest
         assert all(host not in url for url in rest), f"{host} was fetched again at once"
 
@@ -1101,22 +1057,21 @@ class TestSchedulerPoliteness:
     ) -> None:
         scheduler = make_scheduler(DOWNLOAD_DELAY=1)
         scheduler.enqueue_request(Request("http://a.example/1"))
-        request = _next(scheduler)
+        request = next_request(scheduler)
         assert request is not None
-        scheduler.block_host(request, 120)
+        scheduler.hosts.block_host(request, 120)
         before = _server_ms(client)
-        scheduler._on_request_done(request)
-        assert scheduler._try_flush()
+        finish(scheduler, request)
+        assert scheduler.outbox.try_flush()
         assert int(client.hget(KEYS.host_next, "a.example")) >= before + 120_000
         assert scheduler.stats.get_value("redisspine/politeness/retry_after") == 1
-        assert not scheduler._blocks
 
     def test_block_of_a_request_not_handed_out_is_ignored(
         self, make_scheduler: MakeScheduler
     ) -> None:
         scheduler = make_scheduler()
-        scheduler.block_host(Request("http://a.example/robots.txt"), 120)
-        assert not scheduler._blocks
+        scheduler.hosts.block_host(Request("http://a.example/robots.txt"), 120)
+        assert scheduler.stats.get_value("redisspine/politeness/retry_after") is None
 
     def test_no_host_lane_is_not_rested(
         self, make_scheduler: MakeScheduler, client: redis.Redis
@@ -1124,10 +1079,10 @@ class TestSchedulerPoliteness:
         scheduler = make_scheduler(DOWNLOAD_DELAY=60)
         scheduler.enqueue_request(Request("data:,one"))
         scheduler.enqueue_request(Request("data:,two"))
-        first = _next(scheduler)
+        first = next_request(scheduler)
         assert first is not None
-        scheduler._on_request_done(first)
-        second = _next(scheduler)
+        finish(scheduler, first)
+        second = next_request(scheduler)
         assert second is not None
         assert {first.url, second.url} == {"data:,one", "data:,two"}
 
@@ -1135,29 +1090,29 @@ class TestSchedulerPoliteness:
         self, make_scheduler: MakeScheduler, client: redis.Redis
     ) -> None:
         learner = make_scheduler("w1", REDISSPINE_MAX_CRAWL_DELAY_SECONDS=30)
-        learner.learn_crawl_delay("http://a.example/robots.txt", 500)
-        learner.learn_crawl_delay("http://a.example/robots.txt", 5)  # known: ignored
-        learner.learn_crawl_delay("data:,robots", 5)  # no host: ignored
+        learner.hosts.learn_crawl_delay("http://a.example/robots.txt", 500)
+        learner.hosts.learn_crawl_delay("http://a.example/robots.txt", 5)  # known: ignored
+        learner.hosts.learn_crawl_delay("data:,robots", 5)  # no host: ignored
         assert client.hgetall(KEYS.host_delay) == {b"a.example": b"30"}
         assert learner.stats.get_value("redisspine/politeness/crawl_delays_learned") == 1
-        assert learner.delays.next_delay_ms("a.example") == 30_000
+        assert learner.hosts.delays.next_delay_ms("a.example") == 30_000
 
         other = make_scheduler("w2")
-        assert not other.delays.knows("a.example")
+        assert not other.hosts.delays.knows("a.example")
         other.enqueue_request(Request("http://a.example/page"))
-        request = _next(other)
+        request = next_request(other)
         assert request is not None
-        assert other.delays.knows("a.example"), "learned from the lease"
+        assert other.hosts.delays.knows("a.example"), "learned from the lease"
         before = _server_ms(client)
-        other._on_request_done(request)
-        assert other._try_flush()
+        finish(other, request)
+        assert other.outbox.try_flush()
         assert int(client.hget(KEYS.host_next, "a.example")) >= before + 30_000
 
     def test_host_concurrency_setting(self, make_scheduler: MakeScheduler) -> None:
         scheduler = make_scheduler(REDISSPINE_HOST_CONCURRENCY=2)
         for i in range(3):
             scheduler.enqueue_request(Request(f"http://a.example/{i}"))
-        got = [_next(scheduler), _next(scheduler), _next(scheduler)]
+        got = [next_request(scheduler, 3) for _ in range(3)]
         assert [request is not None for request in got] == [True, True, False]
 
     def test_domain_lanes_share_one_slot(
@@ -1166,8 +1121,8 @@ class TestSchedulerPoliteness:
         scheduler = make_scheduler(REDISSPINE_POLITENESS_KEY="domain")
         scheduler.enqueue_request(Request("http://a.example.co.uk/"))
         scheduler.enqueue_request(Request("http://b.example.co.uk/"))
-        assert _next(scheduler) is not None
-        assert _next(scheduler) is None
+        assert next_request(scheduler, 3) is not None
+        assert next_request(scheduler, 3) is None
         assert client.hgetall(KEYS.busy) == {b"example.co.uk": b"1"}
 
     def test_backlog_cap_is_counted(self, make_scheduler: MakeScheduler) -> None:
@@ -1175,36 +1130,50 @@ class TestSchedulerPoliteness:
         scheduler.enqueue_request(Request("http://a.example/1"))
         scheduler.enqueue_request(Request("http://a.example/2"))
         scheduler.enqueue_request(Request("http://b.example/1"))
-        assert scheduler._try_flush()
+        assert scheduler.outbox.try_flush()
         assert scheduler.stats.get_value("redisspine/scheduler/backlog_capped") == 1
         assert scheduler.stats.get_value("scheduler/enqueued") == 2
 
 
 class TestWakeWhenDue:
     @pytest.fixture
-    def scheduler(self) -> Iterator[Scheduler]:
-        scheduler = _scheduler("redis://unused.invalid", REDISSPINE_IDLE_POLL_SECONDS=0.5)
-        yield scheduler
-        if scheduler._wake_call is not None and scheduler._wake_call.active():
-            scheduler._wake_call.cancel()
+    def scheduler(self, make_scheduler: MakeScheduler) -> Scheduler:
+        return make_scheduler(REDISSPINE_IDLE_POLL_SECONDS=0.5)
+
+    @staticmethod
+    def _wake_calls(scheduler: Scheduler, clock: task.Clock) -> list[Any]:
+        return [call for call in clock.getDelayedCalls()
+                if call.active() and call.func == scheduler.leaser.wake]
 
     @pytest.mark.parametrize("wait_ms", [-1, 500, 60_000])
-    def test_no_call_when_nothing_is_due_soon(self, scheduler: Scheduler, wait_ms: int) -> None:
-        scheduler._wake_when_due(wait_ms)
-        assert scheduler._wake_call is None
+    def test_no_call_when_nothing_is_due_soon(
+        self, scheduler: Scheduler, clock: task.Clock, wait_ms: int
+    ) -> None:
+        scheduler.leaser.wake_when_due(wait_ms)
+        assert self._wake_calls(scheduler, clock) == []
 
-    def test_wakes_exactly_when_the_next_lane_is_due(self, scheduler: Scheduler) -> None:
-        from twisted.internet import reactor
+    def test_wakes_exactly_when_the_next_lane_is_due(
+        self, scheduler: Scheduler, clock: task.Clock
+    ) -> None:
+        scheduler.leaser.wake_when_due(200)
+        (call,) = self._wake_calls(scheduler, clock)
+        assert call.getTime() == pytest.approx(clock.seconds() + 0.2)
+        scheduler.leaser.wake_when_due(10)
+        assert self._wake_calls(scheduler, clock) == [call], "one pending wake-up is enough"
+        wakes = engine_of(scheduler).wakes
+        clock.advance(0.2)
+        assert engine_of(scheduler).wakes == wakes + 1
 
-        scheduler._wake_when_due(200)
-        call = scheduler._wake_call
-        assert call is not None
-        assert call.active()
-        assert call.getTime() == pytest.approx(reactor.seconds() + 0.2, abs=0.05)  # type: ignore[attr-defined]
-        scheduler._wake_when_due(10)
-        assert scheduler._wake_call is call, "one pending wake-up is enough"
-
-    def test_wake_resets_the_empty_lease_back_off(self, scheduler: Scheduler) -> None:
-        scheduler._last_empty_lease = time.monotonic()
+    def test_wake_resets_the_empty_lease_back_off(
+        self, scheduler: Scheduler, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        leases: list[int] = []
+        lease = scheduler.frontier.lease
+        monkeypatch.setattr(scheduler.frontier, "lease",
+                            lambda count: leases.append(count) or lease(count))
+        assert scheduler.next_request() is None
+        assert scheduler.next_request() is None
+        assert len(leases) == 1, "an empty lease backs off until the idle poll"
         scheduler.wake()
-        assert scheduler._last_empty_lease == 0.0
+        assert scheduler.next_request() is None
+        assert len(leases) == 2, "woken: leases again at once"

@@ -12,20 +12,20 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import fakeredis
 import pytest
 import redis
-from scrapy import Request, Spider
+from scrapy import Request
 from scrapy.exceptions import NotConfigured
 from scrapy.statscollectors import MemoryStatsCollector
-from scrapy.utils.request import RequestFingerprinter
 from scrapy.utils.test import get_crawler
+from twisted.internet import task
 
-import scrapy_redisspine.worker
-from scrapy_redisspine.dupefilter import RedisDupeFilter
+from scrapy_redisspine._guard import RedisGuard
+from scrapy_redisspine._host_policy import HostPolicy
+from scrapy_redisspine._leasebook import LeaseBook
 from scrapy_redisspine.extension import Recovery
 from scrapy_redisspine.frontier import (
     Frontier,
@@ -36,16 +36,14 @@ from scrapy_redisspine.frontier import (
 )
 from scrapy_redisspine.health import RedisHealth
 from scrapy_redisspine.keys import CrawlKeys
-from scrapy_redisspine.politeness import DelayPolicy
-from scrapy_redisspine.scheduler import Scheduler
 from scrapy_redisspine.settings import ConfigError, load_config
+from scrapy_redisspine.signals import WorkerView
 from scrapy_redisspine.testing.redis_server import RedisServer
-from tests.unit.conftest import StubHooks
+from tests.unit.conftest import SchedSpider, build_scheduler, finish
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
-
-    from tests.unit.conftest import FrontierFactory
+    from scrapy_redisspine.scheduler import Scheduler
+    from tests.unit.conftest import FrontierFactory, MakeScheduler
 
 TIMEOUT_MS = 30_000
 KEYS = CrawlKeys("redisspine", "test")
@@ -681,70 +679,25 @@ class TestRedisHealth:
 # -- the scheduler --------------------------------------------------------------------------
 
 
-class SchedSpider(Spider):
-    name = "sched"
-
-    def parse(self, response: Any) -> None:
-        pass
-
-
-def _open_scheduler(url: str, worker_id: str = "w1", **settings: Any) -> Scheduler:
-    config = load_config(
-        {
-            "REDISSPINE_REDIS_URL": url,
-            "REDISSPINE_CRAWL_ID": KEYS.crawl_id,
-            "REDISSPINE_IDLE_POLL_SECONDS": 0.01,
-            **settings,
-        }
-    )
-    stats = MemoryStatsCollector(get_crawler(SchedSpider))
-    dupefilter = RedisDupeFilter(RequestFingerprinter(), config, stats=stats)
-    scheduler = Scheduler(config, dupefilter, stats, crawler=None, worker_id=worker_id)
-    scheduler.open(SchedSpider())
-    return scheduler
-
-
-MakeScheduler = Callable[..., Scheduler]
-
-
-@pytest.fixture
-def sched_url(
-    backend: str, client: redis.Redis, request: pytest.FixtureRequest,
-    monkeypatch: pytest.MonkeyPatch,
-) -> str:
-    """The URL schedulers connect to; ``client`` sees the same data."""
-    if backend == "fakeredis":
-        server = client.connection_pool.connection_kwargs["server"]
-        monkeypatch.setattr(
-            scrapy_redisspine.worker,
-            "client_from_url",
-            lambda url: fakeredis.FakeRedis(server=server),
-        )
-        return "redis://fakeredis.invalid:6379/0"
-    return str(request.getfixturevalue("redis_url"))  # already emptied for this test
-
-
-@pytest.fixture
-def make_scheduler(sched_url: str) -> Iterator[MakeScheduler]:
-    opened: list[Scheduler] = []
-
-    def make(worker_id: str = "w1", **settings: Any) -> Scheduler:
-        scheduler = _open_scheduler(sched_url, worker_id, **settings)
-        opened.append(scheduler)
-        return scheduler
-
-    yield make
-    for scheduler in opened:
-        if any(timer.running for timer in scheduler._timers):
-            scheduler.close("shutdown")
-
-
 def _stat(scheduler: Scheduler, name: str) -> Any:
     return scheduler.stats.get_value(name)
 
 
 def _start(url: str) -> Request:
     return Request(url, dont_filter=True, meta={"is_start_request": True})
+
+
+def _open_on(url: str, clock: task.Clock, **settings: Any) -> Scheduler:
+    """A scheduler on a server of the test's own (not the session's)."""
+    scheduler = build_scheduler(url, clock, "w1", **settings)
+    scheduler.open(SchedSpider())
+    return scheduler
+
+
+def _wait(clock: task.Clock, seconds: float = 0.05) -> None:
+    """Let real time pass (a server restarts) and the worker's clock with it."""
+    time.sleep(seconds)
+    clock.advance(seconds)
 
 
 class TestMemoryPressure:
@@ -754,7 +707,7 @@ class TestMemoryPressure:
     ) -> None:
         # all on one host: three may be in flight at once
         scheduler = make_scheduler(REDISSPINE_HOST_CONCURRENCY=3)
-        scheduler.memory_pressure = True
+        scheduler.guard.memory_pressure = True
         with caplog.at_level(logging.WARNING, logger="scrapy_redisspine"):
             assert scheduler.enqueue_request(Request("http://example.com/new1")) is False
             assert scheduler.enqueue_request(Request("http://example.com/new2")) is False
@@ -762,7 +715,7 @@ class TestMemoryPressure:
             assert scheduler.enqueue_request(
                 Request("http://example.com/retry", dont_filter=True)
             )
-        assert scheduler._try_flush()
+        assert scheduler.outbox.try_flush()
         assert client.zcard(KEYS.queue) == 2
         assert _stat(scheduler, "redisspine/memory/shed") == 2
         assert _stat(scheduler, "scheduler/enqueued") == 2
@@ -770,9 +723,9 @@ class TestMemoryPressure:
         assert len(warnings) == 1, "the shed warning is rate-limited"
         assert not client.exists(KEYS.seen), "shed requests are not marked seen"
 
-        scheduler.memory_pressure = False
+        scheduler.guard.memory_pressure = False
         assert scheduler.enqueue_request(Request("http://example.com/new1"))
-        assert scheduler._try_flush()
+        assert scheduler.outbox.try_flush()
         urls = {request.url for request in iter(scheduler.next_request, None)}
         assert urls == {
             "http://example.com/start", "http://example.com/retry", "http://example.com/new1",
@@ -781,11 +734,11 @@ class TestMemoryPressure:
 
 class TestFullRedisWhileLeasing:
     def test_refused_discoveries_are_shed_and_the_lease_still_taken(
-        self, redis_url: str, redis_server: RedisServer,
+        self, redis_url: str, redis_server: RedisServer, clock: task.Clock,
     ) -> None:
         # The outbox goes in the same round trip as the lease: a full Redis refuses
         # the enqueue (new requests) but the lease runs and its leases are kept.
-        scheduler = _open_scheduler(redis_url, "w1", REDISSPINE_LEASE_BATCH_SIZE=1)
+        scheduler = _open_on(redis_url, clock, REDISSPINE_LEASE_BATCH_SIZE=1)
         client = redis_server.client()
         try:
             for url in ("http://a.example/", "http://b.example/"):
@@ -797,11 +750,11 @@ class TestFullRedisWhileLeasing:
             second = scheduler.next_request()
             assert second is not None, "leased although the enqueue was refused"
             assert {first.url, second.url} == {"http://a.example/", "http://b.example/"}
-            assert scheduler.memory_pressure
+            assert scheduler.guard.memory_pressure
             assert _stat(scheduler, "redisspine/memory/shed") == 1
             assert _stat(scheduler, "redisspine/memory/oom/enqueue") == 1
-            assert not scheduler._outbox
-            assert not scheduler.health.down, "a full Redis is not a down one"
+            assert scheduler.outbox.empty
+            assert not scheduler.guard.down, "a full Redis is not a down one"
         finally:
             client.config_set("maxmemory", 0)
             client.close()
@@ -813,28 +766,27 @@ class TestFencedScheduler:
         self, make_scheduler: MakeScheduler, client: redis.Redis
     ) -> None:
         scheduler = make_scheduler(
-            "w1", REDISSPINE_LEASE_BATCH_SIZE=4, REDISSPINE_HOST_CONCURRENCY=4
+            "w1", REDISSPINE_LEASE_BATCH_SIZE=4, REDISSPINE_HOST_CONCURRENCY=4, free_slots=4
         )
-        scheduler._hooks = StubHooks(free_slots=4)  # type: ignore[assignment]
         for i in range(4):
             scheduler.enqueue_request(Request(f"http://example.com/{i}"))
         started = scheduler.next_request()
         assert started is not None
-        assert len(scheduler._ready) == 3
+        assert scheduler.book.ready == 3
 
         _silence(client, KEYS, "w1")
         sweeper = Frontier(client, KEYS, "sweeper", concurrency=4)
         assert _sweep(sweeper) == SweepResult(4, 0, 1)
 
-        scheduler._on_heartbeat()
-        assert not scheduler._ready
+        scheduler.fleet.heartbeat()
+        assert not scheduler.book.ready
         assert _stat(scheduler, "redisspine/scheduler/presumed_dead") == 1
-        scheduler._on_request_done(started)
-        scheduler._try_flush()
+        finish(scheduler, started)
+        scheduler.outbox.try_flush()
         assert _stat(scheduler, "redisspine/scheduler/ack_refused") == 1
         assert (client.zcard(KEYS.queue), client.hlen(KEYS.inflight)) == (4, 0)
 
-        scheduler._on_heartbeat()
+        scheduler.fleet.heartbeat()
         assert _stat(scheduler, "redisspine/scheduler/presumed_dead") == 1
         assert len(Frontier(client, KEYS, "w2", concurrency=4).lease(10).leases) == 4
 
@@ -848,9 +800,8 @@ class TestFencedScheduler:
         # fresh, valid leases must not be dropped: nothing else would ever requeue
         # them (the worker is alive again), so the crawl could never finish.
         scheduler = make_scheduler(
-            "w1", REDISSPINE_LEASE_BATCH_SIZE=4, REDISSPINE_HOST_CONCURRENCY=4
+            "w1", REDISSPINE_LEASE_BATCH_SIZE=4, REDISSPINE_HOST_CONCURRENCY=4, free_slots=4
         )
-        scheduler._hooks = StubHooks(free_slots=4)  # type: ignore[assignment]
         _silence(client, KEYS, "w1")
         assert _sweep(Frontier(client, KEYS, "sweeper", concurrency=4)).workers_removed == 1
 
@@ -858,11 +809,11 @@ class TestFencedScheduler:
             scheduler.enqueue_request(Request(f"http://example.com/{i}"))
         started = scheduler.next_request()
         assert started is not None
-        assert len(scheduler._ready) == 2, "a whole batch was leased after the sweep"
-        scheduler._on_heartbeat()  # False: presumed dead
+        assert scheduler.book.ready == 2, "a whole batch was leased after the sweep"
+        scheduler.fleet.heartbeat()  # False: presumed dead
         assert _stat(scheduler, "redisspine/scheduler/presumed_dead") == 1
-        scheduler._on_request_done(started)
-        assert scheduler._try_flush()
+        finish(scheduler, started)
+        assert scheduler.outbox.try_flush()
         assert _stat(scheduler, "redisspine/scheduler/acked") == 1, "its token is valid"
 
         scheduler.close("shutdown")  # returns every lease it still knows of
@@ -880,7 +831,7 @@ class TestRequeuedLeaseInTheScheduler:
         scheduler = make_scheduler("w1")
         scheduler.enqueue_request(Request("http://example.com/twice"))
         scheduler.enqueue_request(Request("http://example.com/fresh", priority=-1))
-        assert scheduler._try_flush()
+        assert scheduler.outbox.try_flush()
         dead = Frontier(client, KEYS, "dead")
         assert len(dead.lease(1).leases) == 1
         _silence(client, KEYS, "dead")
@@ -891,20 +842,22 @@ class TestRequeuedLeaseInTheScheduler:
         assert first.url == "http://example.com/twice"
         assert first.meta["redisspine_requeues"] == 1
         assert _stat(scheduler, "redisspine/scheduler/leased_requeued") == 1
-        scheduler._on_request_done(first)  # frees the host's one slot
+        finish(scheduler, first)  # frees the host's one slot
         second = scheduler.next_request() or scheduler.next_request()
         assert second is not None
         assert "redisspine_requeues" not in second.meta
 
 
 class TestSchedulerDuringAnOutage:
-    def test_requests_and_acks_wait_for_redis_and_nothing_is_lost(self, tmp_path: Any) -> None:
+    def test_requests_and_acks_wait_for_redis_and_nothing_is_lost(
+        self, tmp_path: Any, clock: task.Clock
+    ) -> None:
         server = RedisServer(
             appendonly=True, directory=tmp_path / "redis", extra_args=["--appendfsync", "always"]
         ).start()
         scheduler: Scheduler | None = None
         try:
-            scheduler = _open_scheduler(server.url, "w1", REDISSPINE_ENQUEUE_BATCH_SIZE=2)
+            scheduler = _open_on(server.url, clock, REDISSPINE_ENQUEUE_BATCH_SIZE=2)
             scheduler.enqueue_request(Request("http://example.com/parent"))
             parent = scheduler.next_request()
             assert parent is not None
@@ -913,25 +866,25 @@ class TestSchedulerDuringAnOutage:
             children = [f"http://example.com/child{i}" for i in range(3)]
             for url in children:
                 assert scheduler.enqueue_request(Request(url))
-            scheduler._on_request_done(parent)
-            assert not scheduler._try_flush()
-            assert scheduler.health.down
-            assert len(scheduler._outbox) == 3
-            assert len(scheduler._acks) == 1
+            finish(scheduler, parent)
+            assert not scheduler.outbox.try_flush()
+            assert scheduler.guard.down
+            assert len(scheduler.outbox) == 3
+            assert scheduler.outbox.acks == 1
             assert scheduler.has_pending_requests()
             assert scheduler.next_request() is None
-            scheduler._on_heartbeat()
+            scheduler.fleet.heartbeat()
             assert scheduler.has_pending_requests()
             assert _stat(scheduler, "redisspine/redis_errors/enqueue") >= 1
 
             server.restart()
             deadline = time.monotonic() + 10
-            while not scheduler._try_flush():
+            while not scheduler.outbox.try_flush():
                 assert time.monotonic() < deadline, "never flushed after Redis came back"
-                time.sleep(0.05)
-            assert not scheduler.health.down
-            assert not scheduler._outbox
-            assert not scheduler._acks
+                _wait(clock)
+            assert not scheduler.guard.down
+            assert scheduler.outbox.empty
+            assert not scheduler.outbox.acks
             assert _stat(scheduler, "redisspine/scheduler/acked") == 1
 
             got = []
@@ -939,49 +892,51 @@ class TestSchedulerDuringAnOutage:
             while len(got) < 3 and time.monotonic() < deadline:
                 request = scheduler.next_request()
                 if request is None:
-                    time.sleep(0.02)
+                    _wait(clock, 0.02)
                     continue
                 got.append(request)
-                scheduler._on_request_done(request)
+                finish(scheduler, request)
             assert sorted(request.url for request in got) == children
-            assert scheduler._try_flush()  # the last ack
+            assert scheduler.outbox.try_flush()  # the last ack
             check = server.client()
             try:
                 assert (check.zcard(KEYS.queue), check.hlen(KEYS.inflight)) == (0, 0)
                 assert int(check.hget(KEYS.stats, "acked")) == 4
             finally:
                 check.close()
-            time.sleep(0.02)
+            _wait(clock, 0.02)
             assert not scheduler.has_pending_requests()
         finally:
             if scheduler is not None and server.running:
                 scheduler.close("finished")
             server.stop()
 
-    def test_not_pending_is_never_claimed_while_redis_is_down(self, tmp_path: Any) -> None:
+    def test_not_pending_is_never_claimed_while_redis_is_down(
+        self, tmp_path: Any, clock: task.Clock
+    ) -> None:
         # Nothing buffered, the fleet was empty at the last count: the first count
         # that fails must not answer from that stale cache (the engine would close
         # the spider as "finished" while Redis cannot say whether work remains).
         server = RedisServer(directory=tmp_path / "redis").start()
         scheduler: Scheduler | None = None
         try:
-            scheduler = _open_scheduler(server.url, "w1")
-            time.sleep(0.02)
+            scheduler = _open_on(server.url, clock)
+            _wait(clock, 0.02)
             assert not scheduler.has_pending_requests()
             server.kill()
-            time.sleep(0.02)
+            _wait(clock, 0.02)
             assert scheduler.has_pending_requests(), "answered from a stale count"
-            assert scheduler.health.down
-            time.sleep(0.3)
+            assert scheduler.guard.down
+            _wait(clock, 0.3)
             assert scheduler.has_pending_requests()
 
             server.restart()
             deadline = time.monotonic() + 10
-            while scheduler.health.down:  # the engine keeps asking for requests
+            while scheduler.guard.down:  # the engine keeps asking for requests
                 assert time.monotonic() < deadline, "never noticed Redis is back"
                 assert scheduler.next_request() is None
-                time.sleep(0.05)
-            time.sleep(0.02)
+                _wait(clock)
+            _wait(clock, 0.02)
             assert not scheduler.has_pending_requests()
         finally:
             if scheduler is not None and server.running:
@@ -992,25 +947,21 @@ class TestSchedulerDuringAnOutage:
 # -- the Recovery extension --------------------------------------------------------------
 
 
-class StubClient:
+class StubUpkeep:
+    """The frontier's upkeep calls, as the extension sees them (no Redis)."""
+
     def __init__(self) -> None:
-        self.memory: dict[str, Any] = {"used_memory": 10, "maxmemory": 0}
+        self.memory_info: dict[str, int] = {"used_memory": 10, "maxmemory": 0}
         self.error: Exception | None = None
-
-    def info(self, section: str) -> dict[str, Any]:
-        assert section == "memory"
-        if self.error is not None:
-            raise self.error
-        return dict(self.memory)
-
-
-class StubFrontier:
-    def __init__(self) -> None:
-        self.client = StubClient()
         self.sweeps: list[dict[str, int]] = []
         self.result = SweepResult(0, 0, 0)
         self.stats = {"enqueued": 5, "acked": 2}
         self.progress: list[tuple[int, int]] = []
+
+    def memory(self) -> tuple[int, int]:
+        if self.error is not None:
+            raise self.error
+        return self.memory_info["used_memory"], self.memory_info["maxmemory"]
 
     def requeue_stale(self, **kwargs: int) -> SweepResult:
         self.sweeps.append(kwargs)
@@ -1026,37 +977,43 @@ class StubFrontier:
         self.progress.append((worker_acks, fleet_acks))
 
 
-class StubScheduler:
-    def __init__(self, clock: FakeClock, frontier: Any = None, delay: float = 0.0) -> None:
-        self.frontier = frontier if frontier is not None else StubFrontier()
-        self.health = RedisHealth(clock=clock)
-        self.delays = DelayPolicy(delay)
-        self.memory_pressure = False
-        self.wakes = 0
+class StubWorker:
+    """A worker's view (``signals.WorkerView``) over a stub or a real upkeep."""
 
-    def wake(self) -> None:
+    def __init__(
+        self, clock: FakeClock, recovery: Recovery, upkeep: Any = None, delay: float = 0.0
+    ) -> None:
+        self.upkeep = upkeep if upkeep is not None else StubUpkeep()
+        self.wakes = 0
+        self.guard = RedisGuard(recovery.stats, clock)
+        config = load_config({"DOWNLOAD_DELAY": delay, "DOWNLOAD_DELAY_JITTER": 0})
+        frontier = Frontier(fakeredis.FakeRedis(), KEYS, "w1")
+        hosts = HostPolicy(config, frontier, self.guard, LeaseBook(), recovery.stats)
+        self.view = WorkerView("w1", self.upkeep, self.guard, hosts, self._wake)
+        recovery.worker = self.view
+
+    def _wake(self) -> None:
         self.wakes += 1
 
 
 def _recovery(**settings: Any) -> tuple[Recovery, MemoryStatsCollector]:
     config = load_config({"REDISSPINE_WORKER_TIMEOUT_SECONDS": 30, **settings})
     stats = MemoryStatsCollector(get_crawler(SchedSpider))
-    return Recovery(config, stats), stats
+    return Recovery(config, stats, clock=task.Clock()), stats
 
 
 class TestRecoveryExtension:
     def test_waits_one_timeout_of_health_before_sweeping(self) -> None:
         clock = FakeClock()
         recovery, _ = _recovery()
-        scheduler = StubScheduler(clock)
-        recovery.scheduler = scheduler  # type: ignore[assignment]
+        worker = StubWorker(clock, recovery)
         recovery.sweep()
         clock.advance(29)
         recovery.sweep()
-        assert scheduler.frontier.sweeps == []
+        assert worker.upkeep.sweeps == []
         clock.advance(1)
         recovery.sweep()
-        assert scheduler.frontier.sweeps == [
+        assert worker.upkeep.sweeps == [
             {
                 "timeout_ms": 30_000, "ceiling_ms": 3_600_000, "max_requeues": 3, "limit": 1000,
                 "rest_ms": 0,
@@ -1067,19 +1024,18 @@ class TestRecoveryExtension:
     def test_after_an_outage_waits_one_timeout_again(self) -> None:
         clock = FakeClock()
         recovery, _ = _recovery()
-        scheduler = StubScheduler(clock)
-        recovery.scheduler = scheduler  # type: ignore[assignment]
+        worker = StubWorker(clock, recovery)
         clock.advance(60)
-        scheduler.health.failed("lease", redis.ConnectionError("down"))
+        worker.guard.failed("lease", redis.ConnectionError("down"))
         clock.advance(10)
         recovery.sweep()
-        scheduler.health.succeeded()
+        worker.guard.succeeded()
         clock.advance(29)
         recovery.sweep()
-        assert scheduler.frontier.sweeps == []
+        assert worker.upkeep.sweeps == []
         clock.advance(1)
         recovery.sweep()
-        assert len(scheduler.frontier.sweeps) == 1
+        assert len(worker.upkeep.sweeps) == 1
 
     def test_uses_the_settings(self) -> None:
         clock = FakeClock()
@@ -1087,11 +1043,10 @@ class TestRecoveryExtension:
             REDISSPINE_WORKER_TIMEOUT_SECONDS=10, REDISSPINE_HEARTBEAT_SECONDS=1,
             REDISSPINE_LEASE_CEILING_SECONDS=0, REDISSPINE_MAX_REQUEUES=7,
         )
-        scheduler = StubScheduler(clock)
-        recovery.scheduler = scheduler  # type: ignore[assignment]
+        worker = StubWorker(clock, recovery)
         clock.advance(10)
         recovery.sweep()
-        assert scheduler.frontier.sweeps == [
+        assert worker.upkeep.sweeps == [
             {"timeout_ms": 10_000, "ceiling_ms": 0, "max_requeues": 7, "limit": 1000, "rest_ms": 0,
              "lane_rests": {}}
         ]
@@ -1100,38 +1055,35 @@ class TestRecoveryExtension:
         # The dead worker may have been fetching from the lane when it died.
         clock = FakeClock()
         recovery, _ = _recovery()
-        scheduler = StubScheduler(clock, delay=2.5)
-        recovery.scheduler = scheduler  # type: ignore[assignment]
+        worker = StubWorker(clock, recovery, delay=2.5)
         clock.advance(30)
         recovery.sweep()
-        (sweep,) = scheduler.frontier.sweeps
+        (sweep,) = worker.upkeep.sweeps
         assert sweep["rest_ms"] == 2_500
 
     def test_requeued_lanes_with_a_delay_of_their_own_rest_it(self) -> None:
         clock = FakeClock()
         recovery, _ = _recovery()
-        scheduler = StubScheduler(clock, delay=2.5)
-        scheduler.delays.overrides = {"slow.example": 20.0, "fast.example": 0.0}
-        recovery.scheduler = scheduler  # type: ignore[assignment]
+        worker = StubWorker(clock, recovery, delay=2.5)
+        worker.view.hosts.delays.overrides = {"slow.example": 20.0, "fast.example": 0.0}
         clock.advance(30)
         recovery.sweep()
-        (sweep,) = scheduler.frontier.sweeps
+        (sweep,) = worker.upkeep.sweeps
         assert sweep["lane_rests"] == {"slow.example": 20_000, "fast.example": 0}
 
     def test_sets_fleet_stats_and_wakes_the_scheduler_after_requeuing(self) -> None:
         clock = FakeClock()
         recovery, stats = _recovery()
-        scheduler = StubScheduler(clock)
-        recovery.scheduler = scheduler  # type: ignore[assignment]
+        worker = StubWorker(clock, recovery)
         clock.advance(30)
         recovery.sweep()
-        assert scheduler.wakes == 0
+        assert worker.wakes == 0
         assert stats.get_value("redisspine/fleet/enqueued") == 5
         assert stats.get_value("redisspine/fleet/acked") == 2
         assert stats.get_value("redisspine/fleet/workers_alive") == 3
-        scheduler.frontier.result = SweepResult(4, 1, 2)
+        worker.upkeep.result = SweepResult(4, 1, 2)
         recovery.sweep()
-        assert scheduler.wakes == 1
+        assert worker.wakes == 1
         assert stats.get_value("redisspine/recovery/requeued") == 4
         assert stats.get_value("redisspine/recovery/dead_lettered") == 1
 
@@ -1153,39 +1105,36 @@ class TestRecoveryExtension:
     ) -> None:
         clock = FakeClock()
         recovery, _ = _recovery(REDISSPINE_MEMORY_BUDGET_BYTES=budget)
-        scheduler = StubScheduler(clock)
-        scheduler.frontier.client.memory = memory
-        recovery.scheduler = scheduler  # type: ignore[assignment]
+        worker = StubWorker(clock, recovery)
+        worker.upkeep.memory_info = memory
         clock.advance(30)
         recovery.sweep()
-        assert scheduler.memory_pressure is pressure
+        assert worker.guard.memory_pressure is pressure
 
     def test_memory_pressure_has_hysteresis(self) -> None:
         clock = FakeClock()
         recovery, stats = _recovery()
-        scheduler = StubScheduler(clock)
-        client = scheduler.frontier.client
-        recovery.scheduler = scheduler  # type: ignore[assignment]
+        worker = StubWorker(clock, recovery)
+        upkeep = worker.upkeep
         clock.advance(30)
         for used, expected in [(50, False), (91, True), (85, True), (80, True), (79, False),
                                (85, False), (90, True)]:
-            client.memory = {"used_memory": used, "maxmemory": 100}
+            upkeep.memory_info = {"used_memory": used, "maxmemory": 100}
             recovery.sweep()
-            assert scheduler.memory_pressure is expected, used
+            assert worker.guard.memory_pressure is expected, used
         assert stats.get_value("redisspine/memory/over_budget") == 1
         assert stats.get_value("redisspine/memory/used_share") == 0.9
 
     def test_a_redis_error_marks_redis_down_and_does_not_raise(self) -> None:
         clock = FakeClock()
         recovery, stats = _recovery()
-        scheduler = StubScheduler(clock)
-        scheduler.frontier.client.error = redis.ConnectionError("gone")
-        recovery.scheduler = scheduler  # type: ignore[assignment]
+        worker = StubWorker(clock, recovery)
+        worker.upkeep.error = redis.ConnectionError("gone")
         clock.advance(30)
         recovery.sweep()
-        assert scheduler.health.down
-        assert not scheduler.health.available()
-        assert stats.get_value("redisspine/redis_errors/sweep") is None  # stub: no on_error
+        assert worker.guard.down
+        assert not worker.guard.available()
+        assert stats.get_value("redisspine/redis_errors/sweep") == 1
         assert stats.get_value("redisspine/fleet/workers_alive") == 3, "read before the error"
 
     def test_does_nothing_before_the_worker_opened(self) -> None:
@@ -1212,16 +1161,15 @@ class TestRecoveryExtension:
         _beat(real_redis, KEYS, "w1")
         clock = FakeClock()
         recovery, stats = _recovery()
-        scheduler = StubScheduler(clock, Frontier(real_redis, KEYS, "w1"))
-        recovery.scheduler = scheduler  # type: ignore[assignment]
+        worker = StubWorker(clock, recovery, Frontier(real_redis, KEYS, "w1"))
         clock.advance(30)
         recovery.sweep()
-        assert not scheduler.health.down
+        assert not worker.guard.down
         assert dead.counts() == (2, 0)
-        assert scheduler.wakes == 1
+        assert worker.wakes == 1
         assert stats.get_value("redisspine/recovery/requeued") == 2
         assert stats.get_value("redisspine/fleet/requeued") == 2
         assert stats.get_value("redisspine/fleet/workers_alive") == 1
-        assert scheduler.memory_pressure is False
+        assert worker.guard.memory_pressure is False
         assert not real_redis.exists(KEYS.busy)
         assert sorted(real_redis.zrange(KEYS.hosts, 0, -1)) == [b"a.example", b"b.example"]

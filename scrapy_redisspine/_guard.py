@@ -1,0 +1,105 @@
+"""How one worker stands with its Redis: reachable or not, full or not, in sync or not.
+
+Every part of a worker that calls Redis reports failures here, and asks here before
+it calls, so one rule decides for all of them:
+
+- a down Redis (connection refused, timeout ...) opens the breaker (``health``):
+  calls wait for a growing back-off, buffered work stays in the worker;
+- a full Redis (an OOM reply) is not a down one: the worker keeps calling, but stops
+  queueing newly discovered requests (``memory_pressure``) until the memory watch
+  sees room again;
+- after any failure Redis and the worker may disagree on the worker's leases (a
+  lease reply lost in flight, a restart that lost the last acks), so the next lease
+  first reconciles them (``reconcile_needed``).
+
+Scrapy-free: the scheduler, the extension and tools share it through the worker's
+view (see ``scheduler.WorkerView``).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import redis
+
+from scrapy_redisspine.health import RedisHealth
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from scrapy.statscollectors import StatsCollector
+
+logger = logging.getLogger("scrapy_redisspine.scheduler")
+
+#: Share of the memory limit past which new discoveries are shed, and below which
+#: they are queued again (hysteresis: no flapping around one value).
+HIGH_WATER = 0.9
+LOW_WATER = 0.8
+
+
+class RedisGuard:
+    """Owns the breaker, the memory-pressure flag and the reconcile flag."""
+
+    def __init__(self, stats: StatsCollector, clock: Callable[[], float]) -> None:
+        self._stats = stats
+        self.health = RedisHealth(
+            on_error=lambda op: stats.inc_value(f"redisspine/redis_errors/{op}"), clock=clock
+        )
+        self.memory_pressure = False
+        self.reconcile_needed = False
+
+    # -- the breaker ---------------------------------------------------------------
+
+    @property
+    def down(self) -> bool:
+        return self.health.down
+
+    def available(self) -> bool:
+        """May a call be tried now (the back-off after a failure has passed)?"""
+        return self.health.available()
+
+    def healthy_for(self) -> float:
+        return self.health.healthy_for()
+
+    def succeeded(self) -> None:
+        self.health.succeeded()
+
+    def failed(self, operation: str, exc: Exception) -> None:
+        """A full Redis is not a down Redis: shed load, but keep calling it."""
+        if isinstance(exc, redis.exceptions.OutOfMemoryError):
+            self._stats.inc_value(f"redisspine/memory/oom/{operation}")
+            if not self.memory_pressure:
+                logger.warning(
+                    "redisspine: Redis refused a write for lack of memory (%s): no longer "
+                    "queueing newly discovered requests until it has room again", operation,
+                )
+            self.memory_pressure = True  # the memory watch clears it below LOW_WATER
+            return
+        self.reconcile_needed = True
+        self.health.failed(operation, exc)
+
+    def reconciled(self) -> None:
+        self.reconcile_needed = False
+
+    # -- the memory watch ------------------------------------------------------------
+
+    def observe_memory(self, used: int, limit: int) -> None:
+        """Redis uses ``used`` of ``limit`` bytes (0: no limit): shed past 90 %, queue
+        again below 80 %."""
+        if not limit:
+            return
+        share = used / limit
+        self._stats.set_value("redisspine/memory/used_share", round(share, 3))
+        if not self.memory_pressure and share >= HIGH_WATER:
+            self.memory_pressure = True
+            self._stats.set_value("redisspine/memory/over_budget", 1)
+            logger.warning(
+                "redisspine: Redis uses %d of %d bytes (%.0f %%): no longer queueing newly "
+                "discovered requests until it falls below %.0f %%",
+                used, limit, share * 100, LOW_WATER * 100,
+            )
+        elif self.memory_pressure and share < LOW_WATER:
+            self.memory_pressure = False
+            self._stats.set_value("redisspine/memory/over_budget", 0)
+            logger.info("redisspine: Redis memory back to %.0f %%: queueing again", share * 100)

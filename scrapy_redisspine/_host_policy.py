@@ -1,0 +1,97 @@
+"""What one worker knows about its hosts' politeness: lanes, delays, blocks.
+
+The fleet enforces a lane's rest in Redis (``scripts/lib/lanes.lua``); this policy
+decides which lane a request is in and how long its lane rests after it
+(``DelayPolicy``), and carries what responses say about their host (called by
+``middleware.Politeness`` through the worker's view): a Retry-After block travels
+with the ack of the request that got it, a robots.txt Crawl-delay is used here at
+once and shared through Redis.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import redis
+
+from scrapy_redisspine.politeness import DelayPolicy, make_lane_function
+
+if TYPE_CHECKING:
+    from scrapy import Request, Spider
+    from scrapy.statscollectors import StatsCollector
+
+    from scrapy_redisspine._guard import RedisGuard
+    from scrapy_redisspine._leasebook import Finished, LeaseBook
+    from scrapy_redisspine.frontier import Frontier
+    from scrapy_redisspine.settings import SpineConfig
+
+logger = logging.getLogger("scrapy_redisspine.scheduler")
+
+
+class HostPolicy:
+    """Owns the lane function and the delay policy (defaults, overrides, learned
+    Crawl-delays); writes Retry-After blocks into the lease book."""
+
+    def __init__(
+        self,
+        config: SpineConfig,
+        frontier: Frontier,
+        guard: RedisGuard,
+        book: LeaseBook,
+        stats: StatsCollector,
+    ) -> None:
+        self.politeness_key = config.politeness_key
+        self.lane = make_lane_function(config.politeness_key)
+        self.delays = DelayPolicy(
+            config.download_delay, dict(config.host_delays), config.download_delay_jitter,
+            config.max_crawl_delay_seconds,
+        )
+        self._frontier = frontier
+        self._guard = guard
+        self._book = book
+        self._stats = stats
+
+    def take_over_download_delay(self, spider: Spider) -> None:
+        """The fleet enforces DOWNLOAD_DELAY per lane; Scrapy's per-process delay
+        would add on top, so it is switched off for this spider."""
+        own = getattr(spider, "download_delay", None)
+        if own is not None:  # a spider attribute wins over the setting, as in Scrapy
+            self.delays.default_seconds = float(own)
+        if self.delays.default_seconds or self.delays.overrides:
+            logger.info(
+                "redisspine: download delay %.2f s (overrides: %d) enforced fleet-wide per %s, "
+                "from the end of each fetch; Scrapy's per-process delay set to 0",
+                self.delays.default_seconds, len(self.delays.overrides), self.politeness_key,
+            )
+        spider.download_delay = 0  # type: ignore[attr-defined]
+
+    def rest_ms(self, finished: Finished) -> int:
+        """How long a finished request's lane rests: its delay, or its block."""
+        return max(self.delays.next_delay_ms(finished.lane), finished.block_ms)
+
+    def block_host(self, request: Request, seconds: float) -> None:
+        """A Retry-After answer: the lane rests this long after the request's ack."""
+        if self._book.block(request, int(seconds * 1000)):
+            self._stats.inc_value("redisspine/politeness/retry_after")
+
+    def learn_crawl_delay(self, url: str, seconds: float) -> None:
+        """A robots.txt Crawl-delay: used here at once, shared through Redis."""
+        lane = self.lane(url)
+        if not lane or self.delays.knows(lane):
+            return
+        kept = self.delays.learn(lane, seconds)
+        self._stats.inc_value("redisspine/politeness/crawl_delays_learned")
+        logger.info(
+            "redisspine: %s asks for Crawl-delay %.1f s (kept: %.1f s)", lane, seconds, kept
+        )
+        if self._guard.available():
+            try:
+                self._frontier.set_crawl_delay(lane, kept)
+            except redis.RedisError as exc:
+                self._guard.failed("crawl_delay", exc)
+
+    def learned_from_lease(self, lane: str, crawl_delay: float | None) -> None:
+        """A lease told this lane's Crawl-delay, learned by another worker."""
+        if crawl_delay is not None and not self.delays.knows(lane):
+            self.delays.learn(lane, crawl_delay)

@@ -1,0 +1,252 @@
+"""New requests and acks on their way to Redis.
+
+A request's children always reach Redis in the same atomic step as its ack, or
+before it: both wait here and go in one ``enqueue`` call, usually in the same round
+trip as the next lease (see ``_leasing``), else when the buffer is full or its timer
+fires. Requests that went in are kept as objects for a while
+(``REDISSPINE_LOCAL_REQUEST_CACHE``), so that leasing them back skips decoding.
+
+Scrapy-free: requests are only held, never built or inspected here.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+import redis
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
+    from scrapy import Request
+    from scrapy.statscollectors import StatsCollector
+
+    from scrapy_redisspine._clock import Clock, DelayedCall
+    from scrapy_redisspine._guard import RedisGuard
+    from scrapy_redisspine.frontier import Ack, EnqueueResult, LeaseHandle, NewRequest
+
+logger = logging.getLogger("scrapy_redisspine.scheduler")
+
+_SHED_LOG_INTERVAL_SECONDS = 60.0
+
+#: (order key, token, rest of its lane in ms, clock time when the request was done)
+PendingAck = tuple[str, str, int, float]
+
+
+class Enqueuer(Protocol):
+    """The frontier call the outbox sends through."""
+
+    def enqueue(
+        self, requests: Sequence[NewRequest], acks: Sequence[Ack | LeaseHandle] = ()
+    ) -> EnqueueResult: ...
+
+
+@dataclass(frozen=True)
+class Sending:
+    """What one send takes from the buffers (the buffers may grow meanwhile)."""
+
+    requests: list[tuple[NewRequest, Request]]
+    acks: list[PendingAck]
+    entries: list[NewRequest]
+    ack_args: list[Ack]
+
+
+class Outbox:
+    """Owns the buffered requests and acks, the local request cache, the flush timer.
+
+    Invariant kept: an ack never leaves before the requests buffered ahead of it,
+    so a parent never leaves in-flight before its children are queued.
+    """
+
+    def __init__(
+        self,
+        frontier: Enqueuer,
+        guard: RedisGuard,
+        stats: StatsCollector,
+        clock: Clock,
+        *,
+        batch_size: int,
+        cache_size: int,
+        on_sent: Callable[[EnqueueResult], None],
+        on_duplicate: Callable[[Request], None],
+    ) -> None:
+        self._frontier = frontier
+        self._guard = guard
+        self._stats = stats
+        self._clock = clock
+        self._batch_size = batch_size
+        self._cache_size = cache_size
+        self._on_sent = on_sent
+        self._on_duplicate = on_duplicate
+        self._requests: list[tuple[NewRequest, Request]] = []
+        self._acks: list[PendingAck] = []
+        self._local: dict[bytes, Request] = {}  # payload -> the request it encodes
+        self._flush_call: DelayedCall | None = None
+        self._flush_due = 0.0  # when it fires (clock time)
+        self._last_shed_log = float("-inf")
+
+    # -- what waits --------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        """Requests waiting to be sent (acks not counted)."""
+        return len(self._requests)
+
+    @property
+    def acks(self) -> int:
+        return len(self._acks)
+
+    @property
+    def empty(self) -> bool:
+        return not self._requests and not self._acks
+
+    @property
+    def cached_count(self) -> int:
+        """Requests kept as objects for a lease of them to skip decoding."""
+        return len(self._local)
+
+    def ack_keys(self) -> list[str]:
+        return [ack[0] for ack in self._acks]
+
+    def add(self, entry: NewRequest, request: Request, within: float) -> None:
+        """Buffer a request; it leaves within ``within`` seconds at the latest."""
+        self._requests.append((entry, request))
+        self.flush_soon(within)
+
+    def add_ack(self, handle: LeaseHandle, rest_ms: int, within: float) -> None:
+        """Buffer the ack of a finished lease whose lane rests ``rest_ms`` from now."""
+        self._acks.append((handle[0], handle[1], rest_ms, self._clock.seconds()))
+        self.flush_soon(within)
+
+    def cached(self, payload: bytes) -> Request | None:
+        """The request object this worker queued as ``payload``, if still kept."""
+        return self._local.pop(payload, None)
+
+    # -- sending -----------------------------------------------------------------------
+
+    def flush_soon(self, within: float) -> None:
+        """Send the buffers now if full, else within ``within`` seconds at the latest
+        (the next lease usually carries them sooner)."""
+        if len(self._requests) + len(self._acks) >= self._batch_size or within <= 0:
+            self.try_flush()
+            return
+        due = self._clock.seconds() + within
+        call = self._flush_call
+        if call is not None and call.active():
+            if self._flush_due <= due:
+                return  # called per request: this check must stay cheap
+            call.cancel()
+        self._flush_due = due
+        self._flush_call = self._clock.callLater(within, self.try_flush)
+
+    def try_flush(self) -> bool:
+        """Send what waits unless Redis is backing off; True if nothing is left."""
+        if self.empty:
+            return True
+        if not self._guard.available():
+            return False
+        try:
+            self.flush()
+        except redis.RedisError as exc:
+            self.send_failed(exc)
+            return False
+        self._guard.succeeded()
+        return True
+
+    def flush(self) -> None:
+        """Send the buffers in one atomic round trip; raises what Redis raised."""
+        if self.empty:
+            return
+        sending = self.sending()
+        self.sent(sending, self._frontier.enqueue(sending.entries, sending.ack_args))
+
+    def sending(self) -> Sending:
+        """The buffers as the frontier takes them, for a send of its own."""
+        requests, acks = self._requests, self._acks
+        return Sending(requests, acks, [entry for entry, _ in requests],
+                       ack_args(acks, self._clock.seconds()))
+
+    def sent(self, sending: Sending, result: EnqueueResult) -> None:
+        """Redis took ``sending``: empty those buffers, count, tell the owner."""
+        self._requests = self._requests[len(sending.requests):]  # new lists
+        self._acks = self._acks[len(sending.acks):]
+        self._record(sending, result)
+        self._on_sent(result)
+
+    def send_failed(self, exc: redis.RedisError) -> None:
+        if isinstance(exc, redis.exceptions.OutOfMemoryError):
+            self._shed_buffered()
+        self._guard.failed("enqueue", exc)
+
+    def close(self) -> None:
+        """Stop the timer and forget the cache (what waits stays, for a last flush)."""
+        if self._flush_call is not None and self._flush_call.active():
+            self._flush_call.cancel()
+        self._local.clear()
+
+    # -- memory pressure -----------------------------------------------------------------
+
+    def shed(self, request: Request) -> None:
+        """Count (and log, once a minute) a new request dropped for lack of memory."""
+        self._stats.inc_value("redisspine/memory/shed")
+        now = self._clock.seconds()
+        if now - self._last_shed_log > _SHED_LOG_INTERVAL_SECONDS:
+            self._last_shed_log = now
+            logger.warning(
+                "redisspine: Redis is near its memory budget: not queueing newly discovered "
+                "requests such as %s (start requests, retries and redirects still go in); "
+                "see redisspine/memory/shed", request,
+            )
+
+    def _shed_buffered(self) -> None:
+        """Redis refused writes (OOM): keep work in progress, drop new discoveries."""
+        kept: list[tuple[NewRequest, Request]] = []
+        for entry, request in self._requests:
+            if entry.is_start or request.dont_filter:
+                kept.append((entry, request))
+            else:
+                self.shed(request)
+        self._requests = kept
+
+    # -- bookkeeping -----------------------------------------------------------------------
+
+    def _record(self, sending: Sending, result: EnqueueResult) -> None:
+        stats = self._stats
+        enqueued = result.enqueued
+        if enqueued:
+            stats.inc_value("scheduler/enqueued/redis", enqueued)
+            stats.inc_value("scheduler/enqueued", enqueued)
+        for (entry, request), status in zip(sending.requests, result.statuses, strict=False):
+            if status == "+":
+                if self._cache_size:
+                    self._keep_local(entry.payload, request)
+            elif status == "d":
+                self._on_duplicate(request)
+            elif status == "c":
+                stats.inc_value("redisspine/scheduler/backlog_capped")
+            else:
+                stats.inc_value("redisspine/scheduler/start_requests_skipped")
+        sent = len(sending.acks)
+        if sent:
+            stats.inc_value("redisspine/scheduler/acked", result.acked)
+        if result.acked < sent:
+            stats.inc_value("redisspine/scheduler/ack_refused", sent - result.acked)
+            logger.warning("redisspine: %d ack(s) refused: lease no longer ours",
+                           sent - result.acked)
+
+    def _keep_local(self, payload: bytes, request: Request) -> None:
+        local = self._local
+        local[payload] = request
+        if len(local) > self._cache_size:
+            del local[next(iter(local))]  # the oldest
+
+
+def ack_args(acks: Sequence[PendingAck], now: float) -> list[Ack]:
+    """Acks as sent: a lane's rest counts from the end of its fetch, so the time an
+    ack waited in the buffer comes off it (less 1 ms, what Redis's ms clock may
+    lose to rounding: a rest is never cut short)."""
+    return [
+        (key, token, rest_ms - min(rest_ms, max(0, int((now - done) * 1000) - 1)))
+        for key, token, rest_ms, done in acks
+    ]
