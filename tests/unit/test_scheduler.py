@@ -372,23 +372,16 @@ def _assert_buried_and_crawl_goes_on(
     assert any("dead letters" in message for message in errors), errors
 
 
+@pytest.mark.parametrize(
+    "garbage", [b"garbage, not a request", b"\xff\xfe\x00\x80 binary garbage \n"],
+    ids=["text", "binary"],
+)
 def test_garbage_in_the_queue_goes_to_dead_letters(
-    scheduler: Scheduler, client: redis.Redis, caplog: pytest.LogCaptureFixture
+    scheduler: Scheduler, client: redis.Redis, caplog: pytest.LogCaptureFixture, garbage: bytes
 ) -> None:
     scheduler.enqueue_request(Request("http://example.com/good"))
     scheduler.outbox.try_flush()
-    client.zadd(KEYS.queue, {b"garbage, not a request": -100})
-    _assert_buried_and_crawl_goes_on(
-        scheduler, client, caplog, b"malformed queue member", MALFORMED_STAT
-    )
-
-
-def test_binary_garbage_in_the_queue_goes_to_dead_letters(
-    scheduler: Scheduler, client: redis.Redis, caplog: pytest.LogCaptureFixture
-) -> None:
-    scheduler.enqueue_request(Request("http://example.com/good"))
-    scheduler.outbox.try_flush()
-    client.zadd(KEYS.queue, {b"\xff\xfe\x00\x80 binary garbage \n": -100})
+    client.zadd(KEYS.queue, {garbage: -100})
     _assert_buried_and_crawl_goes_on(
         scheduler, client, caplog, b"malformed queue member", MALFORMED_STAT
     )
