@@ -16,10 +16,12 @@ from scrapy_redisspine._settings_checks import (
     as_bool,
     as_choice,
     as_delays,
+    as_fraction,
     as_names,
     as_number,
     as_optional_str,
     as_str_tuple,
+    as_text,
 )
 
 if TYPE_CHECKING:
@@ -216,10 +218,7 @@ def _dedup_settings(get: Callable[[str], Any]) -> dict[str, Any]:
     """The dedup fields of :class:`SpineConfig`, checked (the Bloom plan must fit)."""
     from scrapy_redisspine.bloom import plan_layers
 
-    error_rate = as_number("REDISSPINE_BLOOM_ERROR_RATE", get("REDISSPINE_BLOOM_ERROR_RATE"),
-                            float, 0)
-    if not 0 < error_rate < 1:
-        raise ConfigError(f"REDISSPINE_BLOOM_ERROR_RATE must be between 0 and 1, got {error_rate!r}")
+    error_rate = as_fraction("REDISSPINE_BLOOM_ERROR_RATE", get("REDISSPINE_BLOOM_ERROR_RATE"))
     capacity = as_number("REDISSPINE_BLOOM_CAPACITY", get("REDISSPINE_BLOOM_CAPACITY"), int, 1)
     try:
         plan_layers(capacity, error_rate)
@@ -295,7 +294,7 @@ def load_config(settings: Mapping[str, Any]) -> SpineConfig:
     config = SpineConfig(
         redis_url=url,
         crawl_id=as_optional_str("REDISSPINE_CRAWL_ID", get("REDISSPINE_CRAWL_ID")),
-        key_prefix=str(get("REDISSPINE_KEY_PREFIX")),
+        key_prefix=as_text("REDISSPINE_KEY_PREFIX", get("REDISSPINE_KEY_PREFIX")),
         persist=as_bool("REDISSPINE_PERSIST", get("REDISSPINE_PERSIST")),
         flush_on_start=as_bool("REDISSPINE_FLUSH_ON_START", get("REDISSPINE_FLUSH_ON_START")),
         serializer=as_choice("REDISSPINE_SERIALIZER", get("REDISSPINE_SERIALIZER"), _SERIALIZERS),
