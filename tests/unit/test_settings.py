@@ -8,7 +8,15 @@ from typing import Any
 import pytest
 from scrapy.settings import Settings
 
-from scrapy_redisspine.settings import DEFAULTS, SETTINGS, ConfigError, SpineConfig, load_config
+from scrapy_redisspine._settings_checks import as_number, as_text
+from scrapy_redisspine.settings import (
+    DEFAULTS,
+    SETTINGS,
+    ConfigError,
+    Setting,
+    SpineConfig,
+    load_config,
+)
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -43,6 +51,21 @@ def test_every_setting_is_prefixed_and_declared_once() -> None:
     assert set(DEFAULTS) == set(names)
 
 
+def test_field_is_the_name_without_the_prefix_unless_given() -> None:
+    timeout = Setting("REDISSPINE_WORKER_TIMEOUT_SECONDS", 30.0, as_number, (float, 1), "")
+    assert timeout.field == "worker_timeout_seconds"
+    assert Setting("REDISSPINE_X", None, as_text, (), "", field="other").field == "other"
+
+
+def test_a_setting_reads_its_value_or_its_default_through_its_check() -> None:
+    timeout = Setting("REDISSPINE_WORKER_TIMEOUT_SECONDS", 30.0, as_number, (float, 1), "")
+    assert timeout.read({}) == 30.0
+    assert timeout.read({"REDISSPINE_WORKER_TIMEOUT_SECONDS": None}) == 30.0
+    assert timeout.read({"REDISSPINE_WORKER_TIMEOUT_SECONDS": "12"}) == 12.0
+    with pytest.raises(ConfigError, match=r"REDISSPINE_WORKER_TIMEOUT_SECONDS .*>= 1"):
+        timeout.read({"REDISSPINE_WORKER_TIMEOUT_SECONDS": 0.5})
+
+
 #: Config fields read from Scrapy's own settings rather than a REDISSPINE_ one.
 FROM_SCRAPY_SETTINGS = {
     "download_delay": "DOWNLOAD_DELAY",
@@ -52,7 +75,7 @@ FROM_SCRAPY_SETTINGS = {
 
 def test_every_config_field_comes_from_a_setting() -> None:
     fields = {field.name for field in dataclasses.fields(SpineConfig)}
-    settings = {setting.name.removeprefix("REDISSPINE_").lower() for setting in SETTINGS}
+    settings = {setting.field for setting in SETTINGS}
     assert fields == settings | set(FROM_SCRAPY_SETTINGS)
     assert not settings & set(FROM_SCRAPY_SETTINGS)
 
@@ -193,6 +216,28 @@ def test_fractional_batch_size_is_rejected_not_truncated() -> None:
         load_config({"REDISSPINE_LEASE_BATCH_SIZE": "2.5"})
     with pytest.raises(ConfigError, match="REDISSPINE_LEASE_BATCH_SIZE"):
         load_config({"REDISSPINE_LEASE_BATCH_SIZE": 2.5})
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"REDISSPINE_BLOOM_ERROR_RATE": 1},
+         "REDISSPINE_BLOOM_ERROR_RATE must be between 0 and 1, got 1.0"),
+        ({"REDISSPINE_BLOOM_CAPACITY": 10**13},
+         "REDISSPINE_BLOOM_CAPACITY: a Bloom filter for 10000000000000 fingerprints"),
+        ({"REDISSPINE_DEDUP_MIGRATION_CHUNK_SIZE": 5001},
+         "REDISSPINE_DEDUP_MIGRATION_CHUNK_SIZE must be at most 5000, got 5001"),
+        ({"REDISSPINE_HEARTBEAT_SECONDS": 16, "REDISSPINE_WORKER_TIMEOUT_SECONDS": 30},
+         "REDISSPINE_HEARTBEAT_SECONDS (16.0) must be at most half of "
+         "REDISSPINE_WORKER_TIMEOUT_SECONDS (30.0), or live workers would be taken for dead"),
+    ],
+)
+def test_rules_beyond_a_single_check_name_the_setting(
+    settings: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ConfigError) as raised:
+        load_config(settings)
+    assert str(raised.value).startswith(message)
 
 
 def test_redis_url_falls_back_to_redis_url() -> None:
