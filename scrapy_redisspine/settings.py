@@ -193,7 +193,12 @@ DEFAULTS: dict[str, Any] = {setting.name: setting.default for setting in SETTING
 
 @dataclass(frozen=True)
 class SpineConfig:
-    """The plugin's settings, checked and typed."""
+    """The plugin's settings, checked and typed; built by :func:`load_config` only.
+
+    No field has a default: the defaults live in :data:`SETTINGS`, and a second copy
+    here could drift from it. The fields follow the declarations one to one, besides
+    ``download_delay`` and ``download_delay_jitter``, read from Scrapy's own settings.
+    """
 
     redis_url: str | None
     crawl_id: str | None
@@ -206,34 +211,34 @@ class SpineConfig:
     lease_batch_size: int
     enqueue_batch_size: int
     enqueue_flush_seconds: float
+    ack_flush_seconds: float
+    local_request_cache: int
     idle_poll_seconds: float
     keep_alive: bool
     heartbeat_seconds: float
     worker_timeout_seconds: float
+    sweep_seconds: float
+    lease_ceiling_seconds: float
+    max_requeues: int
+    memory_budget_bytes: int
+    host_concurrency: int
+    politeness_key: str
+    host_delays: tuple[tuple[str, float], ...]
+    max_crawl_delay_seconds: float
+    max_retry_after_seconds: float
+    host_backlog_cap: int
     embedded_dir: str | None
     redis_server_bin: str | None
-    sweep_seconds: float = 5.0
-    ack_flush_seconds: float = 0.05
-    local_request_cache: int = 10_000
-    lease_ceiling_seconds: float = 3600.0
-    max_requeues: int = 3
-    memory_budget_bytes: int = 0
-    host_concurrency: int = 1
-    politeness_key: str = "host"
-    host_delays: tuple[tuple[str, float], ...] = ()
-    max_crawl_delay_seconds: float = 60.0
-    max_retry_after_seconds: float = 600.0
-    host_backlog_cap: int = 0
-    download_delay: float = 0.0
-    download_delay_jitter: float = 0.5
-    dedup_set_max_fingerprints: int = 2_000_000
-    bloom_backend: str = "auto"
-    bloom_capacity: int = 10_000_000
-    bloom_error_rate: float = 0.01
-    dedup_migration_chunk_size: int = 200
-    dedup_check_seconds: float = 5.0
-    dedup_strip_tracking_params: bool = False
-    dedup_extra_tracking_params: tuple[str, ...] = ()
+    dedup_set_max_fingerprints: int
+    bloom_backend: str
+    bloom_capacity: int
+    bloom_error_rate: float
+    dedup_migration_chunk_size: int
+    dedup_check_seconds: float
+    dedup_strip_tracking_params: bool
+    dedup_extra_tracking_params: tuple[str, ...]
+    download_delay: float
+    download_delay_jitter: float
 
 
 def load_config(settings: Mapping[str, Any]) -> SpineConfig:

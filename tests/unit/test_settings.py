@@ -22,26 +22,49 @@ README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def test_defaults() -> None:
-    config = load_config({})
-    assert config == SpineConfig(
-        redis_url=None,
-        crawl_id=None,
-        key_prefix="redisspine",
-        persist=True,
-        flush_on_start=False,
-        serializer="msgpack",
-        allowed_request_classes=(),
-        queue_order="fifo",
-        lease_batch_size=16,
-        enqueue_batch_size=500,
-        enqueue_flush_seconds=0.05,
-        idle_poll_seconds=0.1,
-        keep_alive=False,
-        heartbeat_seconds=5.0,
-        worker_timeout_seconds=30.0,
-        embedded_dir=None,
-        redis_server_bin=None,
-    )
+    # Pinned here on purpose, apart from the declarations: a default that changes by
+    # accident must fail a test, not slip through a second copy of the same table.
+    assert dataclasses.asdict(load_config({})) == {
+        "redis_url": None,
+        "crawl_id": None,
+        "key_prefix": "redisspine",
+        "persist": True,
+        "flush_on_start": False,
+        "serializer": "msgpack",
+        "allowed_request_classes": (),
+        "queue_order": "fifo",
+        "lease_batch_size": 16,
+        "enqueue_batch_size": 500,
+        "enqueue_flush_seconds": 0.05,
+        "ack_flush_seconds": 0.05,
+        "local_request_cache": 10_000,
+        "idle_poll_seconds": 0.1,
+        "keep_alive": False,
+        "heartbeat_seconds": 5.0,
+        "worker_timeout_seconds": 30.0,
+        "sweep_seconds": 5.0,
+        "lease_ceiling_seconds": 3600.0,
+        "max_requeues": 3,
+        "memory_budget_bytes": 0,
+        "host_concurrency": 1,
+        "politeness_key": "host",
+        "host_delays": (),
+        "max_crawl_delay_seconds": 60.0,
+        "max_retry_after_seconds": 600.0,
+        "host_backlog_cap": 0,
+        "embedded_dir": None,
+        "redis_server_bin": None,
+        "dedup_set_max_fingerprints": 2_000_000,
+        "bloom_backend": "auto",
+        "bloom_capacity": 10_000_000,
+        "bloom_error_rate": 0.01,
+        "dedup_migration_chunk_size": 200,
+        "dedup_check_seconds": 5.0,
+        "dedup_strip_tracking_params": False,
+        "dedup_extra_tracking_params": (),
+        "download_delay": 0.0,
+        "download_delay_jitter": 0.5,
+    }
 
 
 def test_every_setting_is_prefixed_and_declared_once() -> None:
@@ -73,11 +96,21 @@ FROM_SCRAPY_SETTINGS = {
 }
 
 
-def test_every_config_field_comes_from_a_setting() -> None:
+def test_config_fields_and_declarations_agree_one_to_one() -> None:
     fields = {field.name for field in dataclasses.fields(SpineConfig)}
-    settings = {setting.field for setting in SETTINGS}
-    assert fields == settings | set(FROM_SCRAPY_SETTINGS)
-    assert not settings & set(FROM_SCRAPY_SETTINGS)
+    declared = [setting.field for setting in SETTINGS]
+    assert len(declared) == len(set(declared))
+    assert fields == set(declared) | set(FROM_SCRAPY_SETTINGS)
+    assert not set(declared) & set(FROM_SCRAPY_SETTINGS)
+
+
+def test_config_repeats_no_default() -> None:
+    with_default = [
+        field.name for field in dataclasses.fields(SpineConfig)
+        if field.default is not dataclasses.MISSING
+        or field.default_factory is not dataclasses.MISSING
+    ]
+    assert not with_default, f"defaults belong in SETTINGS only: {with_default}"
 
 
 def test_fields_from_scrapy_settings_are_read_from_them() -> None:
