@@ -198,6 +198,8 @@ class SpineConfig:
     No field has a default: the defaults live in :data:`SETTINGS`, and a second copy
     here could drift from it. The fields follow the declarations one to one, besides
     ``download_delay`` and ``download_delay_jitter``, read from Scrapy's own settings.
+    Redis scripts count time in whole milliseconds; the ``*_ms`` properties convert
+    once, here, so every caller rounds alike.
     """
 
     redis_url: str | None
@@ -239,6 +241,14 @@ class SpineConfig:
     dedup_extra_tracking_params: tuple[str, ...]
     download_delay: float
     download_delay_jitter: float
+
+    @property
+    def worker_timeout_ms(self) -> int:
+        return int(self.worker_timeout_seconds * 1000)
+
+    @property
+    def lease_ceiling_ms(self) -> int:
+        return int(self.lease_ceiling_seconds * 1000)
 
 
 def load_config(settings: Mapping[str, Any]) -> SpineConfig:

@@ -121,6 +121,15 @@ def test_fields_from_scrapy_settings_are_read_from_them() -> None:
     assert load_config({"RANDOMIZE_DOWNLOAD_DELAY": "false"}).download_delay_jitter == 0.0
 
 
+def test_milliseconds_for_the_scripts_are_whole_and_truncated() -> None:
+    config = load_config(
+        {"REDISSPINE_WORKER_TIMEOUT_SECONDS": 12.3456, "REDISSPINE_LEASE_CEILING_SECONDS": 0}
+    )
+    assert (config.worker_timeout_ms, config.lease_ceiling_ms) == (12_345, 0)
+    assert isinstance(config.worker_timeout_ms, int)
+    assert load_config({}).lease_ceiling_ms == 3_600_000
+
+
 def test_config_is_frozen() -> None:
     config = load_config({})
     with pytest.raises(dataclasses.FrozenInstanceError):
