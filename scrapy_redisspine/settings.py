@@ -27,7 +27,9 @@ from scrapy_redisspine._settings_checks import (
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
-__all__ = ["DEFAULTS", "SETTINGS", "ConfigError", "Setting", "SpineConfig", "load_config"]
+__all__ = [
+    "DEFAULTS", "SETTINGS", "ConfigError", "Setting", "SpineConfig", "known_names", "load_config",
+]
 
 PREFIX = "REDISSPINE_"
 
@@ -189,6 +191,11 @@ SETTINGS: tuple[Setting, ...] = (
 )
 
 DEFAULTS: dict[str, Any] = {setting.name: setting.default for setting in SETTINGS}
+
+
+def known_names() -> frozenset[str]:
+    """Every declared name: what a misspelt ``REDISSPINE_*`` setting is told apart from."""
+    return frozenset(DEFAULTS)
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import re
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from scrapy_redisspine.settings import (
     ConfigError,
     Setting,
     SpineConfig,
+    known_names,
     load_config,
 )
 
@@ -72,6 +74,13 @@ def test_every_setting_is_prefixed_and_declared_once() -> None:
     assert len(names) == len(set(names))
     assert all(name.startswith("REDISSPINE_") for name in names)
     assert set(DEFAULTS) == set(names)
+
+
+def test_known_names_are_the_declared_ones_and_find_a_misspelling() -> None:
+    assert known_names() == {setting.name for setting in SETTINGS}
+    assert difflib.get_close_matches("REDISSPINE_WORKER_TIMEOUT", known_names(), n=1) == [
+        "REDISSPINE_WORKER_TIMEOUT_SECONDS"
+    ]
 
 
 def test_field_is_the_name_without_the_prefix_unless_given() -> None:
