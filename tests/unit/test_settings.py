@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import ast
 import dataclasses
 import difflib
 import re
@@ -316,17 +317,22 @@ def test_bad_fallback_url_is_rejected_naming_redis_url() -> None:
 # -- the README table ----------------------------------------------------------------
 
 
-def _readme_table_settings(text: str) -> set[str]:
-    """Names in the first cell of any Markdown table row of the README."""
-    names = set()
+def _readme_table_rows(text: str) -> dict[str, list[str]]:
+    """The cells after the name, by the name in the first cell of a Markdown table row."""
+    rows = {}
     for line in text.splitlines():
         cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
         if not line.lstrip().startswith("|") or not cells:
             continue
         match = re.fullmatch(r"`?(REDISSPINE_[A-Z0-9_]+)`?", cells[0])
         if match:
-            names.add(match.group(1))
-    return names
+            rows[match.group(1)] = cells[1:]
+    return rows
+
+
+def _readme_table_settings(text: str) -> set[str]:
+    """Names in the first cell of any Markdown table row of the README."""
+    return set(_readme_table_rows(text))
 
 
 def test_table_parser_reads_names_in_and_out_of_backticks() -> None:
@@ -349,3 +355,14 @@ def test_readme_table_names_no_unknown_setting() -> None:
     documented = _readme_table_settings(README.read_text("utf-8"))
     unknown = documented - set(DEFAULTS)
     assert not unknown, f"README documents settings that do not exist: {sorted(unknown)}"
+
+
+def test_readme_table_gives_the_declared_defaults() -> None:
+    # The README is the one place users read defaults; it must not drift from SETTINGS.
+    rows = _readme_table_rows(README.read_text("utf-8"))
+    wrong = {
+        setting.name: rows[setting.name][0]
+        for setting in SETTINGS
+        if ast.literal_eval(rows[setting.name][0].strip("`")) != setting.default
+    }
+    assert not wrong, f"README defaults that differ from SETTINGS: {wrong}"
