@@ -1,9 +1,11 @@
-"""Every setting of the plugin, with its default, declared once.
+"""Every setting of the plugin, declared once in :data:`SETTINGS`.
 
-Components never call ``settings.get`` themselves: :func:`load_config` turns Scrapy
-settings into one frozen :class:`SpineConfig`, rejecting bad values with a message
-that names the setting. This module imports nothing from Scrapy so the core and its
-tests can build a config from a plain mapping.
+A declaration holds the name, the default, the README text and the check; the config
+field follows from the name. Components never call ``settings.get`` themselves:
+:func:`load_config` runs every declaration over Scrapy settings into one frozen
+:class:`SpineConfig`, rejecting bad values with a message that names the setting.
+This module imports nothing from Scrapy so the core and its tests can build a config
+from a plain mapping.
 """
 
 from __future__ import annotations
