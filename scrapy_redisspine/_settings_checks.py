@@ -41,11 +41,26 @@ def as_number(name: str, value: Any, kind: Callable[[Any], Any], minimum: float)
     return number
 
 
+def as_fraction(name: str, value: Any) -> float:
+    """A rate: strictly between 0 and 1, since neither end is a rate anything can aim for."""
+    number: float = as_number(name, value, float, 0)
+    if not 0 < number < 1:
+        raise ConfigError(f"{name} must be between 0 and 1, got {number!r}")
+    return number
+
+
 def as_choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
     text = str(value).strip().lower()
     if text not in choices:
         raise ConfigError(f"{name} must be one of {', '.join(choices)}; got {value!r}")
     return text
+
+
+def as_text(name: str, value: Any) -> str:
+    """Any value as its text. It never fails (every value has one); it takes the name
+    only to share the shape of the other checks."""
+    del name
+    return str(value)
 
 
 def as_optional_str(name: str, value: Any) -> str | None:

@@ -102,7 +102,7 @@ class Context:
 
 def cmd_status(ctx: Context, args: argparse.Namespace) -> int:
     keys = ctx.existing(args.crawl)
-    timeout_ms = int(ctx.config.worker_timeout_seconds * 1000)
+    timeout_ms = ctx.config.worker_timeout_ms
     while True:
         status = read_status(ctx.client, keys, timeout_ms=timeout_ms, top_hosts=args.top)
         if args.json:
@@ -202,7 +202,7 @@ def cmd_requeue_dead(ctx: Context, args: argparse.Namespace) -> int:
 def cmd_purge(ctx: Context, args: argparse.Namespace) -> int:
     keys = ctx.existing(args.crawl)
     if not args.yes:
-        alive = ctx.frontier(keys).workers_alive(int(ctx.config.worker_timeout_seconds * 1000))
+        alive = ctx.frontier(keys).workers_alive(ctx.config.worker_timeout_ms)
         warning = f" ({alive} worker(s) still alive!)" if alive else ""
         answer = input(f"Delete every key of crawl {args.crawl!r} on "
                        f"{describe_url(ctx.url)}{warning}? [y/N] ")

