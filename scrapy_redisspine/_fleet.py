@@ -52,7 +52,7 @@ class FleetMember:
         stats: StatsCollector,
         clock: Clock,
         heartbeat_seconds: float,
-        worker_timeout_seconds: float,
+        worker_timeout_ms: int,
         wake: Callable[[], None],
         flush: Callable[[], bool],
     ) -> None:
@@ -65,7 +65,7 @@ class FleetMember:
         self._engine = engine
         self._stats = stats
         self._clock = clock
-        self._timeout_seconds = worker_timeout_seconds
+        self._timeout_ms = worker_timeout_ms
         self._wake = wake
         self.orders = Orders()  # fleet-wide pause/drain, read once per heartbeat
         self.drain_closing = False
@@ -115,7 +115,7 @@ class FleetMember:
         if not self._guard.available():
             return
         try:
-            known = self._frontier.heartbeat(int(self._timeout_seconds * 1000))
+            known = self._frontier.heartbeat(self._timeout_ms)
         except redis.RedisError as exc:
             self._guard.failed("heartbeat", exc)
             return
@@ -147,7 +147,7 @@ class FleetMember:
         logger.warning(
             "redisspine: this worker was presumed dead (no heartbeat for over %.0f s) and "
             "its leases were requeued; dropping %d unstarted lease(s), acks of the "
-            "requests in progress will be refused", self._timeout_seconds, self._book.ready,
+            "requests in progress will be refused", self._timeout_ms / 1000, self._book.ready,
         )
         # Leases taken after the sweep are still valid: hand them back (release is
         # fenced, so the ones the sweep already requeued are refused).

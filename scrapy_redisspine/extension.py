@@ -117,8 +117,8 @@ class Recovery:
     def _sweep_leases(self, worker: signals.WorkerView) -> None:
         delays = worker.hosts.delays
         result = worker.upkeep.requeue_stale(
-            timeout_ms=int(self.config.worker_timeout_seconds * 1000),
-            ceiling_ms=int(self.config.lease_ceiling_seconds * 1000),
+            timeout_ms=self.config.worker_timeout_ms,
+            ceiling_ms=self.config.lease_ceiling_ms,
             max_requeues=self.config.max_requeues,
             limit=_SWEEP_LIMIT,
             # the dead worker may have been fetching: its lanes rest their delay
@@ -142,7 +142,7 @@ class Recovery:
         worker.upkeep.record_progress(
             int(self.stats.get_value("redisspine/scheduler/acked", 0)), counters.get("acked", 0)
         )
-        alive = worker.upkeep.workers_alive(int(self.config.worker_timeout_seconds * 1000))
+        alive = worker.upkeep.workers_alive(self.config.worker_timeout_ms)
         self.stats.set_value("redisspine/fleet/workers_alive", alive)
 
     def _watch_memory(self, worker: signals.WorkerView) -> None:
@@ -188,7 +188,7 @@ class FleetLog:
             return
         try:
             queued, inflight = worker.upkeep.counts()
-            alive = worker.upkeep.workers_alive(int(self.config.worker_timeout_seconds * 1000))
+            alive = worker.upkeep.workers_alive(self.config.worker_timeout_ms)
         except redis.RedisError as exc:
             worker.guard.failed("fleet_log", exc)
             return

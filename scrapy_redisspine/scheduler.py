@@ -127,7 +127,7 @@ class Scheduler(BaseScheduler):
         self.frontier.check_key_types()
         flushed, alive = self.frontier.register(
             flush=self.config.flush_on_start,
-            alive_ms=int(self.config.worker_timeout_seconds * 1000),
+            alive_ms=self.config.worker_timeout_ms,
         )
         self._log_open(crawl_id, flushed, alive)
         if isinstance(self.df, RedisDupeFilter):
@@ -156,7 +156,7 @@ class Scheduler(BaseScheduler):
         self.fleet = FleetMember(
             frontier=self.frontier, guard=self.guard, book=self.book, engine=self.engine,
             stats=stats, clock=clock, heartbeat_seconds=config.heartbeat_seconds,
-            worker_timeout_seconds=config.worker_timeout_seconds, wake=self.wake,
+            worker_timeout_ms=config.worker_timeout_ms, wake=self.wake,
             flush=self.outbox.try_flush,
         )
         self.leaser = Leaser(
