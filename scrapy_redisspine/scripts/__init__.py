@@ -8,10 +8,15 @@ script again by itself.
 
 from __future__ import annotations
 
-import re
 from functools import cache
-from importlib import resources
 from typing import TYPE_CHECKING
+
+from scrapy_redisspine.scripts._source import (
+    Expansion,
+    ScriptSourceError,
+    expand,
+    read_package,
+)
 
 if TYPE_CHECKING:
     import redis
@@ -33,12 +38,7 @@ SCRIPT_NAMES = (
     "migrate_dedup",
 )
 
-
-_INCLUDE = re.compile(r"^--\s*#include\s+(\w+)\s*$", re.MULTILINE)
-
-
-def _read(relative: str) -> str:
-    return resources.files(__package__).joinpath(relative).read_text("utf-8")
+__all__ = ["SCRIPT_NAMES", "ScriptSet", "ScriptSourceError", "libraries", "source"]
 
 
 @cache
@@ -48,9 +48,19 @@ def source(name: str) -> str:
     Redis scripts cannot call each other; a shared library (e.g. the dedup check
     every enqueue path needs) is pasted in instead, so it stays written once.
     """
+    return _expansion(name).text
+
+
+def libraries(name: str) -> tuple[str, ...]:
+    """The libraries ``source(name)`` holds, in the order they appear."""
+    return _expansion(name).libraries
+
+
+@cache
+def _expansion(name: str) -> Expansion:
     if name not in SCRIPT_NAMES:
         raise KeyError(f"no Lua script named {name!r}")
-    return _INCLUDE.sub(lambda match: _read(f"lib/{match.group(1)}.lua"), _read(f"{name}.lua"))
+    return expand(read_package(f"{name}.lua"), f"{name}.lua")
 
 
 class ScriptSet:

@@ -50,7 +50,6 @@ local n_acks, concurrency, backlog_cap = tonumber(ARGV[3]), tonumber(ARGV[4]), t
 local first_request = 6 + 3 * n_acks
 local time = redis.call("TIME")
 local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
--- #include hosts
 -- #include entry
 -- #include batch
 -- #include lanes

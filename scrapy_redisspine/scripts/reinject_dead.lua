@@ -23,7 +23,6 @@ local concurrency = tonumber(ARGV[1])
 local time = redis.call("TIME")
 local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 -- #include hosts
--- #include batch
 -- #include lanes
 
 local reinjected = 0

@@ -45,10 +45,6 @@ for i = 7, #ARGV - 1, 2 do
 end
 local time = redis.call("TIME")
 local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
--- #include hosts
--- #include batch
--- #include lanes
--- #include entry
 -- #include requeue
 local counts = { q = 0, d = 0 }
 local budget = limit

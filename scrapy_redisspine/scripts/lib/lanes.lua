@@ -17,6 +17,7 @@ A lane's time in `hosts` is its next time, or the time it became free if that is
 later: lanes due at once are served in the order they were freed. Only a rest that
 ends in the future is written to host_next.
 ]]
+-- #include batch
 local function lanes_update(lanes, d_busy, d_backlog, rests, nx)
     if #lanes == 0 then
         return

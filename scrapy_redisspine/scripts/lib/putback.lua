@@ -3,6 +3,9 @@ putback library: return a leased request to its lane's queue as it was. No fetch
 happened, so the lane does not rest. Requires lib/hosts.lua, lib/lanes.lua and
 lib/entry.lua included first and the locals queue, inflight, leases, owned (keys).
 ]]
+-- #include hosts
+-- #include lanes
+-- #include entry
 local function put_back(owner, key, member)
     redis.call("ZADD", queue, 0, member)
     lease_end(owner, key)

@@ -9,6 +9,9 @@ least the lane's robots.txt Crawl-delay from host_delay).
 requeue_lease(key, reason) -> "q" requeued, "d" dead-lettered, "" nothing to do
 (already acked, released or requeued: this is what makes concurrent sweeps safe).
 ]]
+-- #include hosts
+-- #include lanes
+-- #include entry
 local function requeue_rest(lane)
     if lane == "" then
         return 0 -- URLs without a host are never delayed (politeness.py)
