@@ -29,8 +29,8 @@ local hosts, busy, backlog, host_next = KEYS[7], KEYS[8], KEYS[9], KEYS[10]
 local owner, key, token = ARGV[1], ARGV[2], ARGV[3]
 local reason = string.gsub(ARGV[4], "\n", " ")
 local concurrency = tonumber(ARGV[5])
-local time = redis.call("TIME")
-local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+-- #include clock
+local now_ms = clock_ms()
 -- #include hosts
 -- #include lanes
 -- #include entry

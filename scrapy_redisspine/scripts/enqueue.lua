@@ -48,8 +48,8 @@ local dedup_seen, dedup_meta, dedup_bloom = KEYS[3], KEYS[8], KEYS[9]
 local order, owner = ARGV[1], ARGV[2]
 local n_acks, concurrency, backlog_cap = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local first_request = 6 + 3 * n_acks
-local time = redis.call("TIME")
-local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+-- #include clock
+local now_ms = clock_ms()
 -- #include entry
 -- #include batch
 -- #include lanes

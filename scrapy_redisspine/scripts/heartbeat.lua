@@ -14,8 +14,8 @@ some when the sweep hit its limit), so the worker must hand back what it holds.
 local workers = KEYS[1]
 local worker, timeout_ms = ARGV[1], tonumber(ARGV[2])
 
-local time = redis.call("TIME")
-local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+-- #include clock
+local now_ms = clock_ms()
 -- ZREM first (not denyoom): Redis checks maxmemory only before a script's first
 -- write, and a heartbeat of a few bytes must not fail on a full Redis, or live
 -- workers would be taken for dead.

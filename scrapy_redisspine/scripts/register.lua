@@ -16,8 +16,8 @@ number of other workers alive.
 local workers = KEYS[1]
 local worker, flush, alive_ms = ARGV[1], ARGV[2], tonumber(ARGV[3])
 
-local time = redis.call("TIME")
-local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+-- #include clock
+local now_ms = clock_ms()
 local alive = redis.call("ZCOUNT", workers, now_ms - alive_ms, "+inf")
 local own = redis.call("ZSCORE", workers, worker)
 if own and tonumber(own) >= now_ms - alive_ms then

@@ -23,8 +23,8 @@ Returns the number of requests put back (fenced: others' leases are left alone).
 local queue, inflight, leases, stats, owned = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local hosts, busy, backlog, host_next = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
 local owner, concurrency = ARGV[1], tonumber(ARGV[2])
-local time = redis.call("TIME")
-local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+-- #include clock
+local now_ms = clock_ms()
 -- #include entry
 -- #include putback
 

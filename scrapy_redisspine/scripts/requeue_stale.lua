@@ -43,8 +43,8 @@ local lane_rests = {}
 for i = 7, #ARGV - 1, 2 do
     lane_rests[ARGV[i]] = tonumber(ARGV[i + 1])
 end
-local time = redis.call("TIME")
-local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+-- #include clock
+local now_ms = clock_ms()
 -- #include requeue
 local counts = { q = 0, d = 0 }
 local budget = limit
