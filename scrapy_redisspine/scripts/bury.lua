@@ -10,10 +10,10 @@ KEYS[3]  dead      HASH   order key -> reason \n member
 KEYS[4]  stats     HASH   fleet-wide counters
 KEYS[5]  owned     ZSET   score 0, member owner \n order key
 KEYS[6]  requeues  HASH   order key -> times requeued
-KEYS[7]  hosts     ZSET   (lib/hosts.lua)
-KEYS[8]  busy      HASH   (lib/hosts.lua)
-KEYS[9]  backlog   HASH   (lib/hosts.lua)
-KEYS[10] host_next HASH   (lib/hosts.lua)
+KEYS[7]  hosts     ZSET   (lib/lanes.lua)
+KEYS[8]  busy      HASH   (lib/lanes.lua)
+KEYS[9]  backlog   HASH   (lib/lanes.lua)
+KEYS[10] host_next HASH   (lib/lanes.lua)
 
 ARGV[1]  owner        worker id
 ARGV[2]  key          order key of the lease
@@ -31,7 +31,7 @@ local reason = string.gsub(ARGV[4], "\n", " ")
 local concurrency = tonumber(ARGV[5])
 -- #include clock
 local now_ms = clock_ms()
--- #include hosts
+-- #include member
 -- #include lanes
 -- #include entry
 

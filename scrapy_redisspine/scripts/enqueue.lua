@@ -4,7 +4,7 @@ processing discovered them, in one atomic step.
 
 Doing both at once is what makes termination safe: there is no moment at which
 a parent has left in-flight while its children are not yet queued. An ack also
-frees the parent's host slot and rests the host (politeness, lib/hosts.lua).
+frees the parent's host slot and rests the host (politeness, lib/lanes.lua).
 
 KEYS[1]  queue     ZSET   score 0, member = lane \0 priority key order key payload
 KEYS[2]  seq       STRING counter behind the order keys
@@ -17,10 +17,10 @@ KEYS[8]  dedup     HASH   dedup mode and Bloom filter parameters (lib/dedup.lua)
 KEYS[9]  bloom     STRING Bloom filter (lib/dedup.lua)
 KEYS[10] owned     ZSET   score 0, member owner \n order key (leases by owner)
 KEYS[11] requeues  HASH   order key -> times requeued
-KEYS[12] hosts     ZSET   lane -> next lease time (ms)        (lib/hosts.lua)
-KEYS[13] busy      HASH   lane -> requests in flight          (lib/hosts.lua)
-KEYS[14] backlog   HASH   lane -> requests queued             (lib/hosts.lua)
-KEYS[15] host_next HASH   lane -> earliest next fetch (ms)    (lib/hosts.lua)
+KEYS[12] hosts     ZSET   lane -> next lease time (ms)        (lib/lanes.lua)
+KEYS[13] busy      HASH   lane -> requests in flight          (lib/lanes.lua)
+KEYS[14] backlog   HASH   lane -> requests queued             (lib/lanes.lua)
+KEYS[15] host_next HASH   lane -> earliest next fetch (ms)    (lib/lanes.lua)
 
 ARGV[1]  order        "fifo" or "lifo"
 ARGV[2]  owner        worker id
@@ -50,6 +50,7 @@ local n_acks, concurrency, backlog_cap = tonumber(ARGV[3]), tonumber(ARGV[4]), t
 local first_request = 6 + 3 * n_acks
 -- #include clock
 local now_ms = clock_ms()
+-- #include member
 -- #include entry
 -- #include batch
 -- #include lanes
@@ -128,14 +129,11 @@ if #to_add > 0 then
     local last = redis.call("INCRBY", seq, #to_add)
     local first = last - #to_add + 1
     local pairs_ = {}
+    local lifo = order == "lifo"
     for j, base in ipairs(to_add) do
-        local n = first + j - 1
-        if order == "lifo" then
-            n = 999999999999999 - n
-        end
         pairs_[#pairs_ + 1] = 0
-        pairs_[#pairs_ + 1] = ARGV[base + 2] .. "\0" .. ARGV[base + 3]
-            .. string.format("%015d", n) .. ARGV[base + 4]
+        pairs_[#pairs_ + 1] = member_make(ARGV[base + 2], ARGV[base + 3],
+                                          member_order_key(first + j - 1, lifo), ARGV[base + 4])
     end
     call_in_chunks("ZADD", queue, pairs_)
     local grown = {}

@@ -2,7 +2,7 @@
 lease: hand a worker up to `count` requests, one per free slot of each due lane, recording
 each in in-flight in the same atomic step (a request is always either queued or
 leased) and taking its lane's slot, so that at most `concurrency` requests of a
-lane are in flight fleet-wide and a lane rests between fetches (lib/hosts.lua).
+lane are in flight fleet-wide and a lane rests between fetches (lib/lanes.lua).
 Due lanes come oldest-due first: a lane with a million queued requests gets one
 slot per turn like any other.
 
@@ -23,10 +23,10 @@ KEYS[5]  dead      HASH   dead letters: field -> reason \n member
 KEYS[6]  seq       STRING counter: fencing tokens, dead letters' field numbers
 KEYS[7]  owned     ZSET   score 0, member owner \n order key (leases by owner)
 KEYS[8]  requeues  HASH   order key -> times requeued
-KEYS[9]  hosts     ZSET   lane -> next lease time (ms)        (lib/hosts.lua)
-KEYS[10] busy      HASH   lane -> requests in flight          (lib/hosts.lua)
-KEYS[11] backlog   HASH   lane -> requests queued             (lib/hosts.lua)
-KEYS[12] host_next HASH   lane -> earliest next fetch (ms)    (lib/hosts.lua)
+KEYS[9]  hosts     ZSET   lane -> next lease time (ms)        (lib/lanes.lua)
+KEYS[10] busy      HASH   lane -> requests in flight          (lib/lanes.lua)
+KEYS[11] backlog   HASH   lane -> requests queued             (lib/lanes.lua)
+KEYS[12] host_next HASH   lane -> earliest next fetch (ms)    (lib/lanes.lua)
 KEYS[13] host_delay HASH  lane -> Crawl-delay (s) learned from robots.txt
 
 ARGV[1]  owner        worker id
@@ -45,7 +45,7 @@ local hosts, busy, backlog, host_next, host_delay = KEYS[9], KEYS[10], KEYS[11],
 local owner, count, concurrency = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 -- #include clock
 local now_ms = clock_ms()
--- #include hosts
+-- #include member
 -- #include batch
 -- #include lanes
 

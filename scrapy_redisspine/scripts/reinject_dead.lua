@@ -7,10 +7,10 @@ KEYS[1]  dead      HASH   dead letters: field -> reason \n member
 KEYS[2]  queue     ZSET   score 0, member = lane \0 priority key order key payload
 KEYS[3]  requeues  HASH   order key -> times requeued
 KEYS[4]  stats     HASH   fleet-wide counters
-KEYS[5]  hosts     ZSET   (lib/hosts.lua)
-KEYS[6]  busy      HASH   (lib/hosts.lua)
-KEYS[7]  backlog   HASH   (lib/hosts.lua)
-KEYS[8]  host_next HASH   (lib/hosts.lua)
+KEYS[5]  hosts     ZSET   (lib/lanes.lua)
+KEYS[6]  busy      HASH   (lib/lanes.lua)
+KEYS[7]  backlog   HASH   (lib/lanes.lua)
+KEYS[8]  host_next HASH   (lib/lanes.lua)
 
 ARGV[1]  concurrency  most requests of one lane in flight fleet-wide
 ARGV[2 ..]            dead-letter fields to re-inject
@@ -22,7 +22,7 @@ local hosts, busy, backlog, host_next = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local concurrency = tonumber(ARGV[1])
 -- #include clock
 local now_ms = clock_ms()
--- #include hosts
+-- #include member
 -- #include lanes
 
 local reinjected = 0

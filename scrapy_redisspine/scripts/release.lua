@@ -9,10 +9,10 @@ KEYS[2]  inflight  HASH   order key -> owner \n token \n member
 KEYS[3]  leases    ZSET   order key -> lease time (ms)
 KEYS[4]  stats     HASH   fleet-wide counters
 KEYS[5]  owned     ZSET   score 0, member owner \n order key
-KEYS[6]  hosts     ZSET   (lib/hosts.lua)
-KEYS[7]  busy      HASH   (lib/hosts.lua)
-KEYS[8]  backlog   HASH   (lib/hosts.lua)
-KEYS[9]  host_next HASH   (lib/hosts.lua)
+KEYS[6]  hosts     ZSET   (lib/lanes.lua)
+KEYS[7]  busy      HASH   (lib/lanes.lua)
+KEYS[8]  backlog   HASH   (lib/lanes.lua)
+KEYS[9]  host_next HASH   (lib/lanes.lua)
 
 ARGV[1]  owner        worker id
 ARGV[2]  concurrency  most requests of one lane in flight fleet-wide

@@ -15,10 +15,10 @@ KEYS[5]  queue     ZSET   score 0, member = lane \0 priority key order key paylo
 KEYS[6]  dead      HASH   dead letters: order key -> reason \n member
 KEYS[7]  requeues  HASH   order key -> times requeued
 KEYS[8]  stats     HASH   fleet-wide counters
-KEYS[9]  hosts     ZSET   (lib/hosts.lua)
-KEYS[10] busy      HASH   (lib/hosts.lua)
-KEYS[11] backlog   HASH   (lib/hosts.lua)
-KEYS[12] host_next HASH   (lib/hosts.lua)
+KEYS[9]  hosts     ZSET   (lib/lanes.lua)
+KEYS[10] busy      HASH   (lib/lanes.lua)
+KEYS[11] backlog   HASH   (lib/lanes.lua)
+KEYS[12] host_next HASH   (lib/lanes.lua)
 KEYS[13] host_delay HASH  lane -> Crawl-delay (s) learned from robots.txt
 
 ARGV[1]  timeout_ms    a worker silent for longer is dead

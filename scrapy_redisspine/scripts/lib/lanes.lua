@@ -1,9 +1,18 @@
 --[[
-lanes library: fleet-wide politeness bookkeeping (the keys are described in
-lib/hosts.lua), for any number of lanes in a fixed number of calls (three HMGETs,
-then at most one write per key and kind) however many lanes a lease, an ack batch
-or an enqueue batch touches; the single-lane helpers at the end use the same code.
-Requires lib/batch.lua included first, and the locals of lib/hosts.lua.
+lanes library: fleet-wide politeness bookkeeping, for any number of lanes in a fixed
+number of calls (three HMGETs, then at most one write per key and kind) however many
+lanes a lease, an ack batch or an enqueue batch touches; the single-lane helpers at
+the end use the same code. Requires lib/batch.lua included first.
+
+The including script declares these locals before the include line:
+  hosts        ZSET  lane -> time (ms) it may next be leased; holds exactly the lanes
+                     with queued requests and a free slot
+  busy         HASH  lane -> requests in flight fleet-wide
+  backlog      HASH  lane -> requests queued
+  host_next    HASH  lane -> earliest time (ms) of its next fetch (end of the last
+                     fetch + delay, or a Retry-After block)
+  concurrency  number, most requests of one lane in flight fleet-wide
+  now_ms       number, Redis TIME in ms
 
 lanes_update(lanes, d_busy, d_backlog, rests, nx)
   lanes      the distinct lanes touched, in the order to handle them

@@ -1,9 +1,9 @@
 --[[
 putback library: return a leased request to its lane's queue as it was. No fetch
-happened, so the lane does not rest. Requires lib/hosts.lua, lib/lanes.lua and
+happened, so the lane does not rest. Requires lib/member.lua, lib/lanes.lua and
 lib/entry.lua included first and the locals queue, inflight, leases, owned (keys).
 ]]
--- #include hosts
+-- #include member
 -- #include lanes
 -- #include entry
 local function put_back(owner, key, member)

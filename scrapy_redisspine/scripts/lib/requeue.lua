@@ -1,6 +1,6 @@
 --[[
 requeue library: put one lease back in the queue, or into the dead letters once it
-was requeued too often. Requires lib/hosts.lua, lib/lanes.lua and lib/entry.lua included first, and the locals
+was requeued too often. Requires lib/member.lua, lib/lanes.lua and lib/entry.lua included first, and the locals
 queue, inflight, leases, owned, requeues, dead, host_delay (keys), max_requeues
 (number), rest_ms and lane_rests (how long a lane rests: its dead worker may have been
 mid-fetch; rest_ms by default, lane_rests[lane] where a lane has its own delay, and at
@@ -9,7 +9,7 @@ least the lane's robots.txt Crawl-delay from host_delay).
 requeue_lease(key, reason) -> "q" requeued, "d" dead-lettered, "" nothing to do
 (already acked, released or requeued: this is what makes concurrent sweeps safe).
 ]]
--- #include hosts
+-- #include member
 -- #include lanes
 -- #include entry
 local function requeue_rest(lane)
