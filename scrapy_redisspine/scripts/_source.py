@@ -12,7 +12,7 @@ from importlib import resources
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterator
 
     #: Reads a file of the scripts package by relative path ("lease.lua",
     #: "lib/batch.lua"); raises FileNotFoundError when there is none.
@@ -48,16 +48,38 @@ def expand(text: str, origin: str, read: Reader = read_package) -> Expansion:
 
 def _expand(text: str, chain: tuple[str, ...], read: Reader, emitted: list[str]) -> str:
     out: list[str] = []
-    for line in text.splitlines(keepends=True):
-        match = _INCLUDE.fullmatch(line.strip())
-        if match is None:
+    for line, include in _lines(text, chain[-1]):
+        if include is None:
             out.append(line)
-            continue
-        name = match.group(1)
-        if not _LIBRARY_NAME.fullmatch(name):
+        elif not _LIBRARY_NAME.fullmatch(include):
             raise ScriptSourceError(f"{chain[-1]}: bad library name in {line.strip()!r}")
-        out.append(_library(name, chain, read, emitted))
+        else:
+            out.append(_library(include, chain, read, emitted))
     return "".join(out)
+
+
+def _lines(text: str, origin: str) -> Iterator[tuple[str, str | None]]:
+    """Each line, with the library it includes (None for any other line).
+
+    An include after the first line of code is an error: libraries come first, so no
+    library can see (and come to rely on) a local of the file that includes it.
+    """
+    in_comment = code_seen = False
+    for line in text.splitlines(keepends=True):
+        stripped = line.strip()
+        match = None if in_comment else _INCLUDE.fullmatch(stripped)
+        if match and code_seen:
+            raise ScriptSourceError(
+                f"{origin}: {stripped!r} follows code; includes come right after the "
+                f"header, before the first line of code"
+            )
+        if in_comment:
+            in_comment = "]]" not in stripped
+        elif stripped.startswith("--[["):
+            in_comment = "]]" not in stripped[4:]
+        elif stripped and not stripped.startswith("--"):
+            code_seen = True
+        yield line, match.group(1) if match else None
 
 
 def _library(name: str, chain: tuple[str, ...], read: Reader, emitted: list[str]) -> str:

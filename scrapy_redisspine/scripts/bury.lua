@@ -23,17 +23,18 @@ ARGV[5]  concurrency  most requests of one lane in flight fleet-wide
 
 Returns 1 if the lease was buried, 0 if it was not this owner's (any more).
 ]]
+-- #include clock
+-- #include member
+-- #include lanes
+-- #include entry
 local inflight, leases, dead, stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local owned, requeues = KEYS[5], KEYS[6]
 local hosts, busy, backlog, host_next = KEYS[7], KEYS[8], KEYS[9], KEYS[10]
 local owner, key, token = ARGV[1], ARGV[2], ARGV[3]
 local reason = string.gsub(ARGV[4], "\n", " ")
 local concurrency = tonumber(ARGV[5])
--- #include clock
-local now_ms = clock_ms()
--- #include member
--- #include lanes
--- #include entry
+lanes_init(hosts, busy, backlog, host_next, concurrency, clock_ms())
+entry_init(inflight, leases, owned)
 
 local member = fenced_member(key, owner, token)
 if not member then

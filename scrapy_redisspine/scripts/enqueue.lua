@@ -39,21 +39,22 @@ Returns { statuses, acked }: statuses has one character per request,
 "+" enqueued, "d" duplicate (seen), "s" start request already injected,
 "c" dropped: its lane's backlog is at the cap; acked counts the acks that matched.
 ]]
-local queue, seq, starts = KEYS[1], KEYS[2], KEYS[4]
-local inflight, leases, stats = KEYS[5], KEYS[6], KEYS[7]
-local owned, requeues = KEYS[10], KEYS[11]
-local hosts, busy, backlog, host_next = KEYS[12], KEYS[13], KEYS[14], KEYS[15]
-local dedup_seen, dedup_meta, dedup_bloom = KEYS[3], KEYS[8], KEYS[9]
 -- #include dedup
-local order, owner = ARGV[1], ARGV[2]
-local n_acks, concurrency, backlog_cap = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
-local first_request = 6 + 3 * n_acks
 -- #include clock
-local now_ms = clock_ms()
 -- #include member
 -- #include entry
 -- #include batch
 -- #include lanes
+local queue, seq, starts = KEYS[1], KEYS[2], KEYS[4]
+local inflight, leases, stats = KEYS[5], KEYS[6], KEYS[7]
+local owned, requeues = KEYS[10], KEYS[11]
+local hosts, busy, backlog, host_next = KEYS[12], KEYS[13], KEYS[14], KEYS[15]
+local seen, dedup, bloom = KEYS[3], KEYS[8], KEYS[9]
+local order, owner = ARGV[1], ARGV[2]
+local n_acks, concurrency, backlog_cap = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local first_request = 6 + 3 * n_acks
+dedup_init(seen, dedup, bloom) -- first: a corrupt dedup HASH fails before any write
+lanes_init(hosts, busy, backlog, host_next, concurrency, clock_ms())
 
 -- Acks: one HMGET for all entries, one write per key for all of them, and one
 -- update per lane (its slots and its rest) however many of its leases end here.

@@ -39,15 +39,16 @@ before, each lane's learned Crawl-delay ("" if none), how many requests stay
 queued and in flight fleet-wide, how many malformed members went to the dead
 letters, and in how many ms the next lane becomes due (-1: none scheduled).
 ]]
+-- #include clock
+-- #include member
+-- #include batch
+-- #include lanes
 local queue, inflight, leases, stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local dead, seq, owned, requeues = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local hosts, busy, backlog, host_next, host_delay = KEYS[9], KEYS[10], KEYS[11], KEYS[12], KEYS[13]
 local owner, count, concurrency = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
--- #include clock
 local now_ms = clock_ms()
--- #include member
--- #include batch
--- #include lanes
+lanes_init(hosts, busy, backlog, host_next, concurrency, now_ms)
 
 local members, requeued, delays = {}, {}, {}
 -- Usually both are empty: checked once per call (then one HMGET each, see below).

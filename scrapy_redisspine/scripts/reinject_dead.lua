@@ -17,13 +17,13 @@ ARGV[2 ..]            dead-letter fields to re-inject
 
 Returns the number re-injected.
 ]]
+-- #include clock
+-- #include member
+-- #include lanes
 local dead, queue, requeues, stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local hosts, busy, backlog, host_next = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local concurrency = tonumber(ARGV[1])
--- #include clock
-local now_ms = clock_ms()
--- #include member
--- #include lanes
+lanes_init(hosts, busy, backlog, host_next, concurrency, clock_ms())
 
 local reinjected = 0
 for i = 2, #ARGV do

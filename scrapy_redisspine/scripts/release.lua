@@ -20,20 +20,22 @@ ARGV[3 ..]            order key, lease token, order key, lease token ...
 
 Returns the number of requests put back (fenced: others' leases are left alone).
 ]]
+-- #include clock
+-- #include lanes
+-- #include entry
+-- #include putback
 local queue, inflight, leases, stats, owned = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local hosts, busy, backlog, host_next = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
 local owner, concurrency = ARGV[1], tonumber(ARGV[2])
--- #include clock
-local now_ms = clock_ms()
--- #include entry
--- #include putback
+lanes_init(hosts, busy, backlog, host_next, concurrency, clock_ms())
+entry_init(inflight, leases, owned)
 
 local released = 0
 for i = 3, #ARGV, 2 do
     local key, token = ARGV[i], ARGV[i + 1]
     local member = fenced_member(key, owner, token)
     if member then
-        put_back(owner, key, member)
+        put_back(queue, owner, key, member)
         released = released + 1
     end
 end

@@ -21,13 +21,15 @@ ARGV[4 ..]            order keys this worker knows it holds (kept)
 
 Returns the number of leases put back.
 ]]
+-- #include clock
+-- #include lanes
+-- #include entry
+-- #include putback
 local owned, inflight, leases, queue, stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local hosts, busy, backlog, host_next = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
 local owner, limit, concurrency = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
--- #include clock
-local now_ms = clock_ms()
--- #include entry
--- #include putback
+lanes_init(hosts, busy, backlog, host_next, concurrency, clock_ms())
+entry_init(inflight, leases, owned)
 
 local known = {}
 for i = 4, #ARGV do
@@ -42,7 +44,7 @@ for _, owned_member in ipairs(held) do
         local entry = redis.call("HGET", inflight, key)
         if entry then
             local _, member = entry_parts(entry)
-            put_back(owner, key, member)
+            put_back(queue, owner, key, member)
             released = released + 1
         else
             redis.call("ZREM", leases, key)

@@ -33,6 +33,10 @@ ARGV[7 ..]             pairs: lane, rest (ms) of lanes with a delay of their own
 
 Returns { requeued, dead_lettered, workers_removed }.
 ]]
+-- #include clock
+-- #include lanes
+-- #include entry
+-- #include requeue
 local workers, owned, inflight, leases = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local queue, dead, requeues, stats = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local timeout_ms, ceiling_ms = tonumber(ARGV[1]), tonumber(ARGV[2])
@@ -43,9 +47,10 @@ local lane_rests = {}
 for i = 7, #ARGV - 1, 2 do
     lane_rests[ARGV[i]] = tonumber(ARGV[i + 1])
 end
--- #include clock
 local now_ms = clock_ms()
--- #include requeue
+lanes_init(hosts, busy, backlog, host_next, concurrency, now_ms)
+entry_init(inflight, leases, owned)
+requeue_init(queue, requeues, dead, host_delay, max_requeues, rest_ms, lane_rests)
 local counts = { q = 0, d = 0 }
 local budget = limit
 local removed = 0

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from importlib import resources
 from typing import TYPE_CHECKING
 
 import pytest
 
 from scrapy_redisspine import scripts
-from scrapy_redisspine.scripts._source import ScriptSourceError, expand
+from scrapy_redisspine.scripts._source import ScriptSourceError, expand, read_package
+from tests.unit.lua_bytecode import global_names
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -18,6 +20,19 @@ if TYPE_CHECKING:
     import redis
 
 _FUNCTION = re.compile(r"^local function (\w+)", re.MULTILINE)
+_OWN_INCLUDE = re.compile(r"^-- #include (\w+)$", re.MULTILINE)
+_COMMENT = re.compile(r"--\[\[.*?\]\]|--[^\n]*", re.DOTALL)
+#: What Redis gives every script; a library may use these and nothing else.
+_REDIS_GLOBALS = {
+    "redis", "string", "math", "table", "tonumber", "tostring", "unpack", "ipairs",
+    "pairs", "error", "type", "select", "next", "assert", "pcall", "bit", "cjson",
+    "cmsgpack", "struct",
+}
+LIBRARIES = sorted(
+    entry.name.removesuffix(".lua")
+    for entry in resources.files(scripts).joinpath("lib").iterdir()
+    if entry.name.endswith(".lua")
+)
 
 
 def _reader(files: dict[str, str]) -> Callable[[str], str]:
@@ -71,6 +86,16 @@ class TestIncludes:
         with pytest.raises(ScriptSourceError, match="bad library name"):
             expand("-- #include ../lease\n", "main.lua", _reader({}))
 
+    def test_an_include_after_code_is_an_error(self) -> None:
+        read = _reader({"lib/a.lua": "local function a() end\n"})
+        with pytest.raises(ScriptSourceError, match=r"main\.lua: '-- #include a' follows code"):
+            expand("--[[ header ]]\nlocal x = 1\n-- #include a\n", "main.lua", read)
+
+    def test_includes_may_follow_a_header_and_comments(self) -> None:
+        read = _reader({"lib/a.lua": "local function a() end\n"})
+        text = "--[[\nheader\n-- #include not_a_directive\n]]\n-- why\n\n-- #include a\nreturn 1\n"
+        assert expand(text, "main.lua", read).libraries == ("a",)
+
     def test_libraries_are_read_from_a_directory_too(self, tmp_path: Path) -> None:
         (tmp_path / "lib").mkdir()
         (tmp_path / "lib" / "one.lua").write_text("local function one() end\n")
@@ -91,3 +116,54 @@ class TestEveryScript:
     def test_the_server_compiles_it(self, name: str, real_redis: redis.Redis) -> None:
         sha = real_redis.script_load(scripts.source(name))
         assert real_redis.script_exists(sha) == [True]
+
+
+def _file(name: str) -> str:
+    """The text of a script ("lease") or library ("lib/lanes") as written."""
+    return read_package(f"{name}.lua")
+
+
+def _calls_into(name: str) -> set[str]:
+    """The libraries whose functions the file calls itself (not through another)."""
+    code = _COMMENT.sub("", _file(name))
+    return {
+        library for library in LIBRARIES
+        if f"lib/{library}" != name
+        and any(re.search(rf"\b{function}\(", code)
+                for function in _FUNCTION.findall(_file(f"lib/{library}")))
+    }
+
+
+@pytest.mark.parametrize("name", [*scripts.SCRIPT_NAMES, *(f"lib/{lib}" for lib in LIBRARIES)])
+def test_a_file_includes_exactly_the_libraries_it_calls(name: str) -> None:
+    assert set(_OWN_INCLUDE.findall(_file(name))) == _calls_into(name)
+
+
+@pytest.mark.parametrize("library", LIBRARIES)
+def test_a_library_header_names_what_it_includes(library: str) -> None:
+    text = _file(f"lib/{library}")
+    named = re.search(r"^Includes ([^.]+)\.", text, re.MULTILINE)
+    assert named, f"lib/{library}.lua: no 'Includes ... .' line in its header"
+    includes = _OWN_INCLUDE.findall(text)
+    assert named.group(1) == (", ".join(includes) or "nothing")
+
+
+@pytest.mark.parametrize("library", LIBRARIES)
+def test_a_library_takes_nothing_from_the_script(library: str) -> None:
+    # Includes come before a script's code, so a name the library does not declare
+    # is a global: its bytecode shows every one. KEYS and ARGV are the script's too.
+    reads, writes = global_names(expand(f"-- #include {library}\n", "t.lua").text)
+    assert reads <= _REDIS_GLOBALS
+    assert writes == set()
+
+
+@pytest.mark.parametrize("name", scripts.SCRIPT_NAMES)
+def test_a_script_uses_no_global_of_its_own(name: str) -> None:
+    reads, writes = global_names(scripts.source(name))
+    assert reads <= _REDIS_GLOBALS | {"KEYS", "ARGV"}
+    assert writes == set()
+
+
+def test_every_library_is_used() -> None:
+    used = {library for name in scripts.SCRIPT_NAMES for library in scripts.libraries(name)}
+    assert used == set(LIBRARIES)

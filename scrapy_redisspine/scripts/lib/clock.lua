@@ -1,5 +1,6 @@
 --[[
-clock library: the one clock of every script. Includes nothing, needs nothing.
+clock library: the one clock of every script.
+Includes nothing. Needs nothing.
 
 Redis TIME, not the workers' clocks: workers on machines with skewed clocks then
 agree on heartbeats, lease ages and when a lane is due.

@@ -1,7 +1,7 @@
 --[[
 member library: the queue member format, built and read here alone on the Lua side
 (members.py is the Python side; tests/unit/test_members.py checks that they agree).
-Includes nothing, needs nothing.
+Includes nothing. Needs nothing.
 
 A queue member is  lane \0 priority key (10 digits) order key (15 digits) payload ;
 all members have score 0, so one lex range of the queue holds a lane's requests,
@@ -13,6 +13,9 @@ member_make(lane, priority_key, order_key, payload) -> the queue member.
 member_lane(member) -> lane, order key; nil, nil if the member is malformed (no NUL,
     or no 15-digit order key where it belongs).
 member_parts(member) -> lane, priority key, order key, payload; nil if malformed.
+member_lane_at(text, first) -> the lane of the member that starts at byte `first` of
+    `text` (an in-flight entry, say), read in place; false if it has no NUL. Checks
+    no order key: for acks of members that were leased, so well formed.
 lane_range(lane) -> the ZRANGEBYLEX bounds of the lane's requests.
 ]]
 local member_format, member_find, member_match, member_sub =
@@ -54,6 +57,11 @@ local function member_parts(member)
     local sep = #lane + 1
     return lane, member_sub(member, sep + 1, sep + member_priority_digits), key,
         member_sub(member, sep + member_key_last + 1)
+end
+
+local function member_lane_at(text, first)
+    local sep = member_find(text, "\0", first, true)
+    return sep and member_sub(text, first, sep - 1) or false
 end
 
 local function lane_range(lane)
