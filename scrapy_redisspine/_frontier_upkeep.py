@@ -74,10 +74,6 @@ class FrontierUpkeep:
     concurrency: int
     _scripts: ScriptSet
 
-    def _host_keys(self) -> list[str]:
-        k = self.keys
-        return [k.hosts, k.busy, k.backlog, k.host_next]
-
     def check_key_types(self) -> None:
         """Fail early, naming the key, if a crawl key holds the wrong type."""
         pipe = self.client.pipeline(transaction=False)
@@ -110,18 +106,11 @@ class FrontierUpkeep:
         and at least its robots.txt Crawl-delay: the dead worker may have been
         fetching from it.
         """
-        k = self.keys
         args: list[str | int] = [timeout_ms, ceiling_ms, max_requeues, limit, self.concurrency,
                                  rest_ms]
         for lane, rest in (lane_rests or {}).items():
             args += [lane, rest]
-        requeued, dead, removed = self._scripts["requeue_stale"](
-            keys=[
-                k.workers, k.owned, k.inflight, k.leases, k.queue, k.dead, k.requeues, k.stats,
-                *self._host_keys(), k.host_delay,
-            ],
-            args=args,
-        )
+        requeued, dead, removed = self._scripts.run("requeue_stale", args)
         return SweepResult(int(requeued), int(dead), int(removed))
 
     def dead_letters(self, limit: int = 100) -> list[DeadLetter]:
@@ -145,13 +134,7 @@ class FrontierUpkeep:
         fields = list(fields)
         if not fields:
             return 0
-        k = self.keys
-        return int(
-            self._scripts["reinject_dead"](
-                keys=[k.dead, k.queue, k.requeues, k.stats, *self._host_keys()],
-                args=[self.concurrency, *fields],
-            )
-        )
+        return int(self._scripts.run("reinject_dead", [self.concurrency, *fields]))
 
     def counts(self) -> tuple[int, int]:
         """(queued, in flight) fleet-wide, in one round trip."""
@@ -184,8 +167,9 @@ class FrontierUpkeep:
     def purge_if_done(self) -> bool:
         """Delete the crawl's keys if nothing is queued or in flight."""
         k = self.keys
-        rest = [key for key in k.all_crawl_keys() if key not in (k.queue, k.inflight)]
-        purged = bool(self._scripts["purge_if_done"](keys=[k.queue, k.inflight, *rest], args=[]))
+        named = self._scripts.keys("purge_if_done")
+        rest = [key for key in k.all_crawl_keys() if key not in named]
+        purged = bool(self._scripts.run("purge_if_done", [], rest))
         if purged:  # a separate command: the registry lies outside the crawl's slot
             self.client.srem(k.crawls, k.crawl_id)
         return purged

@@ -128,8 +128,7 @@ class Dedup:
         self.client = client
         self.keys = keys
         self.params = params
-        self._scripts = ScriptSet(client)
-        self._keys = [keys.seen, keys.dedup, keys.bloom]
+        self._scripts = ScriptSet(client, keys)
         self.impl: str | None = None  # filter this worker would create; None: never
         self._layers = plan_layers(params.capacity, params.error_rate)
 
@@ -160,7 +159,7 @@ class Dedup:
         """The record as stored, checked; raises :class:`CorruptKeyError` naming the key."""
         k = self.keys
         pipe = self.client.pipeline(transaction=False)
-        for key in self._keys:
+        for key in (k.seen, k.dedup, k.bloom):
             pipe.type(key)
         types = [t if isinstance(t, bytes) else t.encode() for t in pipe.execute()]
         seen_type, meta_type, bloom_type = types
@@ -227,7 +226,7 @@ class Dedup:
         """Record fingerprints in one round trip; True for each one that was new."""
         if not fingerprints:
             return []
-        statuses = self._scripts["seen"](keys=self._keys, args=list(fingerprints))
+        statuses = self._scripts.run("seen", list(fingerprints))
         return [status == ord("1") for status in bytes(statuses)]
 
     # -- the switch --------------------------------------------------------------------
@@ -245,14 +244,12 @@ class Dedup:
             args += [repr(self.params.error_rate * (1 - TIGHTENING)), 2]
         else:
             args += [BLOCK_BYTES, *(layer.encode() for layer in self._layers)]
-        mode, switched = self._scripts["dedup_switch"](keys=self._keys, args=args)
+        mode, switched = self._scripts.run("dedup_switch", args)
         return _text(mode) or MODE_SET, bool(switched)
 
     def migrate_chunk(self) -> tuple[str, int, int]:
         """Move one chunk of the SET into the filter: (mode now, moved, left in SET)."""
-        mode, moved, remaining = self._scripts["migrate_dedup"](
-            keys=self._keys, args=[self.params.chunk_size]
-        )
+        mode, moved, remaining = self._scripts.run("migrate_dedup", [self.params.chunk_size])
         return _text(mode) or MODE_SET, int(moved), int(remaining)
 
     def maintain(self, budget_seconds: float = 0.02) -> MaintenanceStep:

@@ -120,7 +120,7 @@ class EnqueueResult:
 
 
 #: (script name, keys, args) of one script call.
-_Call = tuple[str, list[str], list[bytes | str | int]]
+_Call = tuple[str, "Sequence[str]", list[bytes | str | int]]
 
 
 def _enqueue_result(reply: Any) -> EnqueueResult:
@@ -166,27 +166,18 @@ class Frontier(FrontierUpkeep):
         self.order = order
         self.concurrency = concurrency
         self.backlog_cap = backlog_cap
-        self._scripts = ScriptSet(client)
-        # The hot scripts' key lists, built once (each key name is an f-string).
-        k = keys
-        self._enqueue_keys = [
-            k.queue, k.seq, k.seen, k.starts, k.inflight, k.leases, k.stats, k.dedup,
-            k.bloom, k.owned, k.requeues, *self._host_keys(),
-        ]
-        self._lease_keys = [
-            k.queue, k.inflight, k.leases, k.stats, k.dead, k.seq, k.owned, k.requeues,
-            *self._host_keys(), k.host_delay,
-        ]
+        # Every script's KEYS, built once from its header (scripts/__init__.py).
+        self._scripts = ScriptSet(client, keys)
 
     def register(self, *, flush: bool, alive_ms: int) -> tuple[bool, int]:
         """Announce this worker; flush first if asked and no other worker is alive.
 
         Returns (flushed, number of other live workers).
         """
-        others = [key for key in self.keys.all_crawl_keys() if key != self.keys.workers]
-        keys = [self.keys.workers, *others]
-        flushed, alive = self._scripts["register"](
-            keys=keys, args=[self.worker_id, "1" if flush else "0", alive_ms]
+        named = self._scripts.keys("register")
+        others = [key for key in self.keys.all_crawl_keys() if key not in named]
+        flushed, alive = self._scripts.run(
+            "register", [self.worker_id, "1" if flush else "0", alive_ms], others
         )
         # SADD is idempotent: no membership check first. A full Redis refuses it; the
         # registry of crawl ids can wait.
@@ -198,7 +189,7 @@ class Frontier(FrontierUpkeep):
         """Stamp this worker alive; False if it was silent past ``timeout_ms`` (a sweep
         may have requeued some or all of its leases meanwhile)."""
         return bool(
-            self._scripts["heartbeat"](keys=[self.keys.workers], args=[self.worker_id, timeout_ms])
+            self._scripts.run("heartbeat", [self.worker_id, timeout_ms])
         )
 
     def leave(self) -> None:
@@ -217,7 +208,7 @@ class Frontier(FrontierUpkeep):
 
     def _enqueue_call(
         self, requests: Sequence[NewRequest], acks: Sequence[Ack | LeaseHandle]
-    ) -> tuple[list[str], list[bytes | str | int]]:
+    ) -> tuple[Sequence[str], list[bytes | str | int]]:
         args: list[bytes | str | int] = [
             self.order, self.worker_id, len(acks), self.concurrency, self.backlog_cap,
         ]
@@ -228,7 +219,7 @@ class Frontier(FrontierUpkeep):
                 request.flags(), request.fingerprint, request.lane,
                 priority_key(request.priority), request.payload,
             ]
-        return self._enqueue_keys, args
+        return self._scripts.keys("enqueue"), args
 
     def ack(self, acks: Sequence[Ack | LeaseHandle]) -> int:
         """Ack leases whose processing is done (with no children to queue)."""
@@ -239,8 +230,8 @@ class Frontier(FrontierUpkeep):
         keys, args = self._lease_call(count)
         return _lease_batch(self._scripts["lease"](keys=keys, args=args))
 
-    def _lease_call(self, count: int) -> tuple[list[str], list[bytes | str | int]]:
-        return self._lease_keys, [self.worker_id, count, self.concurrency]
+    def _lease_call(self, count: int) -> tuple[Sequence[str], list[bytes | str | int]]:
+        return self._scripts.keys("lease"), [self.worker_id, count, self.concurrency]
 
     def enqueue_and_lease(
         self, requests: Sequence[NewRequest], acks: Sequence[Ack | LeaseHandle], count: int
@@ -293,36 +284,19 @@ class Frontier(FrontierUpkeep):
             args += [key, token]
         if len(args) == 2:
             return 0
-        k = self.keys
-        return int(
-            self._scripts["release"](
-                keys=[k.queue, k.inflight, k.leases, k.stats, k.owned, *self._host_keys()],
-                args=args,
-            )
-        )
+        return int(self._scripts.run("release", args))
 
     def release_orphans(self, known_keys: Iterable[str], limit: int = 10_000) -> int:
         """Return leases recorded for this worker that it never received (lost reply)."""
-        k = self.keys
-        return int(
-            self._scripts["release_orphans"](
-                keys=[k.owned, k.inflight, k.leases, k.queue, k.stats, *self._host_keys()],
-                args=[self.worker_id, limit, self.concurrency, *known_keys],
-            )
-        )
+        return int(self._scripts.run(
+            "release_orphans", [self.worker_id, limit, self.concurrency, *known_keys]
+        ))
 
     def bury(self, handle: LeaseHandle, reason: str) -> bool:
         """Move a lease that can never be processed to the dead letters."""
-        k = self.keys
         key, token = handle
         return bool(
-            self._scripts["bury"](
-                keys=[
-                    k.inflight, k.leases, k.dead, k.stats, k.owned, k.requeues,
-                    *self._host_keys(),
-                ],
-                args=[self.worker_id, key, token, reason, self.concurrency],
-            )
+            self._scripts.run("bury", [self.worker_id, key, token, reason, self.concurrency])
         )
 
     def set_crawl_delay(self, lane: str, seconds: float) -> None:

@@ -1,21 +1,52 @@
 """The Lua scripts, loaded once from package data.
 
-Each ``.lua`` file is one atomic operation on a crawl's keys. :class:`ScriptSet`
+Each ``<name>.lua`` file is one atomic operation on a crawl's keys. :class:`ScriptSet`
 registers them on a client with ``register_script``: calls go out as EVALSHA, and a
 NOSCRIPT reply (after a server restart or SCRIPT FLUSH) makes redis-py load the
 script again by itself.
+
+Libraries. Redis scripts cannot call each other, so code shared by several scripts
+lives in ``lib/<name>.lua`` and is pasted in by a line ``-- #include <name>``:
+
+- Includes expand recursively: a library includes the libraries it calls, and a
+  script (or library) names only those it calls itself, never what they need.
+- Each library appears once per script, after every library it includes; a later
+  include of a library the script has already is dropped.
+- Includes come right after the header, before the file's first line of code. A
+  library therefore cannot see any local of the file that includes it: it takes
+  its keys and numbers as arguments, or through an ``<library>_init`` function the
+  script calls at its top (which keeps them in upvalues, as fast as locals).
+- An include cycle (named in the error: ``lib/a.lua -> lib/b.lua -> lib/a.lua``), an
+  unknown library or a bad name fails when the script is loaded.
+
+KEYS. A script's header lists its keys, one line each, ``KEYS[i]  name  TYPE ...``,
+where ``name`` is a :class:`~scrapy_redisspine.keys.CrawlKeys` property; a last line
+``KEYS[n ..]  ...`` means the caller adds keys of its own after the named ones (e.g.
+every other key of the crawl, to delete them). The header is the only record of the
+order: :meth:`ScriptSet.keys` builds each script's KEYS from it, once per crawl. A
+name that is no crawl key, a gap, or a number or name given twice fails at load.
 """
 
 from __future__ import annotations
 
-import re
 from functools import cache
-from importlib import resources
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+from scrapy_redisspine.scripts._header import KeyHeader, parse_key_header
+from scrapy_redisspine.scripts._source import (
+    Expansion,
+    ScriptSourceError,
+    expand,
+    read_package,
+)
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     import redis
     from redis.commands.core import Script
+
+    from scrapy_redisspine.keys import CrawlKeys
 
 SCRIPT_NAMES = (
     "enqueue",
@@ -33,33 +64,80 @@ SCRIPT_NAMES = (
     "migrate_dedup",
 )
 
+__all__ = [
+    "SCRIPT_NAMES", "ScriptSet", "ScriptSourceError", "bind_keys", "key_names",
+    "libraries", "source", "takes_more_keys",
+]
 
-_INCLUDE = re.compile(r"^--\s*#include\s+(\w+)\s*$", re.MULTILINE)
+
+def source(name: str) -> str:
+    """The text of ``scripts/<name>.lua`` as the server gets it, includes expanded."""
+    return _expansion(name).text
 
 
-def _read(relative: str) -> str:
-    return resources.files(__package__).joinpath(relative).read_text("utf-8")
+def libraries(name: str) -> tuple[str, ...]:
+    """The libraries ``source(name)`` holds, in the order they appear."""
+    return _expansion(name).libraries
+
+
+def key_names(name: str) -> tuple[str, ...]:
+    """The CrawlKeys properties a script takes as KEYS[1], KEYS[2] ..., in order."""
+    return _key_header(name).names
+
+
+def takes_more_keys(name: str) -> bool:
+    """Whether the caller adds keys after the named ones (``KEYS[n ..]``)."""
+    return _key_header(name).more
+
+
+def bind_keys(name: str, keys: CrawlKeys) -> tuple[str, ...]:
+    """The named KEYS of a script, for one crawl."""
+    return tuple(getattr(keys, key) for key in key_names(name))
 
 
 @cache
-def source(name: str) -> str:
-    """The text of ``scripts/<name>.lua``, with ``-- #include lib`` lines expanded.
+def _expansion(name: str) -> Expansion:
+    return expand(read_package(_file(name)), _file(name))
 
-    Redis scripts cannot call each other; a shared library (e.g. the dedup check
-    every enqueue path needs) is pasted in instead, so it stays written once.
-    """
+
+@cache
+def _key_header(name: str) -> KeyHeader:
+    return parse_key_header(read_package(_file(name)), _file(name))
+
+
+def _file(name: str) -> str:
     if name not in SCRIPT_NAMES:
         raise KeyError(f"no Lua script named {name!r}")
-    return _INCLUDE.sub(lambda match: _read(f"lib/{match.group(1)}.lua"), _read(f"{name}.lua"))
+    return f"{name}.lua"
 
 
 class ScriptSet:
-    """All scripts registered on one client."""
+    """All scripts registered on one client, with their KEYS bound to one crawl.
 
-    def __init__(self, client: redis.Redis) -> None:
+    Building it expands every script and reads every header, so a broken script
+    fails when a frontier opens, not at its first call.
+    """
+
+    def __init__(self, client: redis.Redis, keys: CrawlKeys) -> None:
         self._scripts: dict[str, Script] = {
             name: client.register_script(source(name)) for name in SCRIPT_NAMES
         }
+        self._keys = {name: bind_keys(name, keys) for name in SCRIPT_NAMES}
 
     def __getitem__(self, name: str) -> Script:
         return self._scripts[name]
+
+    def keys(self, name: str, more: Sequence[str] = ()) -> tuple[str, ...]:
+        """The KEYS of a call: the script's named keys, then ``more`` (only for a
+        script whose header ends with ``KEYS[n ..]``)."""
+        named = self._keys[name]
+        if not more:
+            return named
+        if not takes_more_keys(name):
+            raise ValueError(f"{name}.lua takes only the keys its header names")
+        return (*named, *more)
+
+    def run(self, name: str, args: Sequence[bytes | str | int | float],
+            more_keys: Sequence[str] = ()) -> Any:
+        """Run a script with its KEYS (and ``more_keys``, see :meth:`keys`)."""
+        return self._scripts[name](keys=self.keys(name, more_keys), args=args)

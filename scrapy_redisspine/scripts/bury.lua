@@ -10,10 +10,10 @@ KEYS[3]  dead      HASH   order key -> reason \n member
 KEYS[4]  stats     HASH   fleet-wide counters
 KEYS[5]  owned     ZSET   score 0, member owner \n order key
 KEYS[6]  requeues  HASH   order key -> times requeued
-KEYS[7]  hosts     ZSET   (lib/hosts.lua)
-KEYS[8]  busy      HASH   (lib/hosts.lua)
-KEYS[9]  backlog   HASH   (lib/hosts.lua)
-KEYS[10] host_next HASH   (lib/hosts.lua)
+KEYS[7]  hosts     ZSET   (lib/lanes.lua)
+KEYS[8]  busy      HASH   (lib/lanes.lua)
+KEYS[9]  backlog   HASH   (lib/lanes.lua)
+KEYS[10] host_next HASH   (lib/lanes.lua)
 
 ARGV[1]  owner        worker id
 ARGV[2]  key          order key of the lease
@@ -23,18 +23,18 @@ ARGV[5]  concurrency  most requests of one lane in flight fleet-wide
 
 Returns 1 if the lease was buried, 0 if it was not this owner's (any more).
 ]]
+-- #include clock
+-- #include member
+-- #include lanes
+-- #include entry
 local inflight, leases, dead, stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local owned, requeues = KEYS[5], KEYS[6]
 local hosts, busy, backlog, host_next = KEYS[7], KEYS[8], KEYS[9], KEYS[10]
 local owner, key, token = ARGV[1], ARGV[2], ARGV[3]
 local reason = string.gsub(ARGV[4], "\n", " ")
 local concurrency = tonumber(ARGV[5])
-local time = redis.call("TIME")
-local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
--- #include hosts
--- #include batch
--- #include lanes
--- #include entry
+lanes_init(hosts, busy, backlog, host_next, concurrency, clock_ms())
+entry_init(inflight, leases, owned)
 
 local member = fenced_member(key, owner, token)
 if not member then

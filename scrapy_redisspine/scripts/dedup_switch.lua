@@ -23,11 +23,11 @@ ARGV[5 ..]  bitmap:     ARGV[5] bytes per block, ARGV[6 ..] layer specs
 
 Returns { mode, switched }: the mode after the call, and 1 if this call switched.
 ]]
-local seen, meta, bloom = KEYS[1], KEYS[2], KEYS[3]
+local seen, dedup, bloom = KEYS[1], KEYS[2], KEYS[3]
 local threshold, impl = tonumber(ARGV[1]), ARGV[2]
 local error_rate, capacity = ARGV[3], ARGV[4]
 
-local mode = redis.call("HGET", meta, "mode") or "set"
+local mode = redis.call("HGET", dedup, "mode") or "set"
 if mode ~= "set" then
     return { mode, 0 }
 end
@@ -62,5 +62,5 @@ elseif impl == "bitmap" then
 else
     return redis.error_reply("dedup_switch: unknown filter implementation " .. tostring(impl))
 end
-redis.call("HSET", meta, unpack(fields))
+redis.call("HSET", dedup, unpack(fields))
 return { mode, 1 }

@@ -4,7 +4,7 @@ processing discovered them, in one atomic step.
 
 Doing both at once is what makes termination safe: there is no moment at which
 a parent has left in-flight while its children are not yet queued. An ack also
-frees the parent's host slot and rests the host (politeness, lib/hosts.lua).
+frees the parent's host slot and rests the host (politeness, lib/lanes.lua).
 
 KEYS[1]  queue     ZSET   score 0, member = lane \0 priority key order key payload
 KEYS[2]  seq       STRING counter behind the order keys
@@ -17,10 +17,10 @@ KEYS[8]  dedup     HASH   dedup mode and Bloom filter parameters (lib/dedup.lua)
 KEYS[9]  bloom     STRING Bloom filter (lib/dedup.lua)
 KEYS[10] owned     ZSET   score 0, member owner \n order key (leases by owner)
 KEYS[11] requeues  HASH   order key -> times requeued
-KEYS[12] hosts     ZSET   lane -> next lease time (ms)        (lib/hosts.lua)
-KEYS[13] busy      HASH   lane -> requests in flight          (lib/hosts.lua)
-KEYS[14] backlog   HASH   lane -> requests queued             (lib/hosts.lua)
-KEYS[15] host_next HASH   lane -> earliest next fetch (ms)    (lib/hosts.lua)
+KEYS[12] hosts     ZSET   lane -> next lease time (ms)        (lib/lanes.lua)
+KEYS[13] busy      HASH   lane -> requests in flight          (lib/lanes.lua)
+KEYS[14] backlog   HASH   lane -> requests queued             (lib/lanes.lua)
+KEYS[15] host_next HASH   lane -> earliest next fetch (ms)    (lib/lanes.lua)
 
 ARGV[1]  order        "fifo" or "lifo"
 ARGV[2]  owner        worker id
@@ -39,21 +39,22 @@ Returns { statuses, acked }: statuses has one character per request,
 "+" enqueued, "d" duplicate (seen), "s" start request already injected,
 "c" dropped: its lane's backlog is at the cap; acked counts the acks that matched.
 ]]
+-- #include dedup
+-- #include clock
+-- #include member
+-- #include entry
+-- #include batch
+-- #include lanes
 local queue, seq, starts = KEYS[1], KEYS[2], KEYS[4]
 local inflight, leases, stats = KEYS[5], KEYS[6], KEYS[7]
 local owned, requeues = KEYS[10], KEYS[11]
 local hosts, busy, backlog, host_next = KEYS[12], KEYS[13], KEYS[14], KEYS[15]
-local dedup_seen, dedup_meta, dedup_bloom = KEYS[3], KEYS[8], KEYS[9]
--- #include dedup
+local seen, dedup, bloom = KEYS[3], KEYS[8], KEYS[9]
 local order, owner = ARGV[1], ARGV[2]
 local n_acks, concurrency, backlog_cap = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local first_request = 6 + 3 * n_acks
-local time = redis.call("TIME")
-local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
--- #include hosts
--- #include entry
--- #include batch
--- #include lanes
+dedup_init(seen, dedup, bloom) -- first: a corrupt dedup HASH fails before any write
+lanes_init(hosts, busy, backlog, host_next, concurrency, clock_ms())
 
 -- Acks: one HMGET for all entries, one write per key for all of them, and one
 -- update per lane (its slots and its rest) however many of its leases end here.
@@ -129,14 +130,11 @@ if #to_add > 0 then
     local last = redis.call("INCRBY", seq, #to_add)
     local first = last - #to_add + 1
     local pairs_ = {}
+    local lifo = order == "lifo"
     for j, base in ipairs(to_add) do
-        local n = first + j - 1
-        if order == "lifo" then
-            n = 999999999999999 - n
-        end
         pairs_[#pairs_ + 1] = 0
-        pairs_[#pairs_ + 1] = ARGV[base + 2] .. "\0" .. ARGV[base + 3]
-            .. string.format("%015d", n) .. ARGV[base + 4]
+        pairs_[#pairs_ + 1] = member_make(ARGV[base + 2], ARGV[base + 3],
+                                          member_order_key(first + j - 1, lifo), ARGV[base + 4])
     end
     call_in_chunks("ZADD", queue, pairs_)
     local grown = {}

@@ -11,11 +11,10 @@ Returns 1 if the worker's previous heartbeat was recent, 0 if it was missing or
 older than the timeout: a sweep may have requeued its leases (all of them, or
 some when the sweep hit its limit), so the worker must hand back what it holds.
 ]]
+-- #include clock
 local workers = KEYS[1]
 local worker, timeout_ms = ARGV[1], tonumber(ARGV[2])
-
-local time = redis.call("TIME")
-local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+local now_ms = clock_ms()
 -- ZREM first (not denyoom): Redis checks maxmemory only before a script's first
 -- write, and a heartbeat of a few bytes must not fail on a full Redis, or live
 -- workers would be taken for dead.

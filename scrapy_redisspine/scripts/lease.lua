@@ -2,7 +2,7 @@
 lease: hand a worker up to `count` requests, one per free slot of each due lane, recording
 each in in-flight in the same atomic step (a request is always either queued or
 leased) and taking its lane's slot, so that at most `concurrency` requests of a
-lane are in flight fleet-wide and a lane rests between fetches (lib/hosts.lua).
+lane are in flight fleet-wide and a lane rests between fetches (lib/lanes.lua).
 Due lanes come oldest-due first: a lane with a million queued requests gets one
 slot per turn like any other.
 
@@ -23,10 +23,10 @@ KEYS[5]  dead      HASH   dead letters: field -> reason \n member
 KEYS[6]  seq       STRING counter: fencing tokens, dead letters' field numbers
 KEYS[7]  owned     ZSET   score 0, member owner \n order key (leases by owner)
 KEYS[8]  requeues  HASH   order key -> times requeued
-KEYS[9]  hosts     ZSET   lane -> next lease time (ms)        (lib/hosts.lua)
-KEYS[10] busy      HASH   lane -> requests in flight          (lib/hosts.lua)
-KEYS[11] backlog   HASH   lane -> requests queued             (lib/hosts.lua)
-KEYS[12] host_next HASH   lane -> earliest next fetch (ms)    (lib/hosts.lua)
+KEYS[9]  hosts     ZSET   lane -> next lease time (ms)        (lib/lanes.lua)
+KEYS[10] busy      HASH   lane -> requests in flight          (lib/lanes.lua)
+KEYS[11] backlog   HASH   lane -> requests queued             (lib/lanes.lua)
+KEYS[12] host_next HASH   lane -> earliest next fetch (ms)    (lib/lanes.lua)
 KEYS[13] host_delay HASH  lane -> Crawl-delay (s) learned from robots.txt
 
 ARGV[1]  owner        worker id
@@ -39,15 +39,16 @@ before, each lane's learned Crawl-delay ("" if none), how many requests stay
 queued and in flight fleet-wide, how many malformed members went to the dead
 letters, and in how many ms the next lane becomes due (-1: none scheduled).
 ]]
+-- #include clock
+-- #include member
+-- #include batch
+-- #include lanes
 local queue, inflight, leases, stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local dead, seq, owned, requeues = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local hosts, busy, backlog, host_next, host_delay = KEYS[9], KEYS[10], KEYS[11], KEYS[12], KEYS[13]
 local owner, count, concurrency = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
-local time = redis.call("TIME")
-local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
--- #include hosts
--- #include batch
--- #include lanes
+local now_ms = clock_ms()
+lanes_init(hosts, busy, backlog, host_next, concurrency, now_ms)
 
 local members, requeued, delays = {}, {}, {}
 -- Usually both are empty: checked once per call (then one HMGET each, see below).

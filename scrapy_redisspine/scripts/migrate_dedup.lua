@@ -18,27 +18,28 @@ Returns { mode, moved, remaining }: the mode after the call ("bloom" once the SE
 is empty; calls in any other mode than "migrating" change nothing), the number of
 fingerprints moved, and the number left in the SET.
 ]]
-local dedup_seen, dedup_meta, dedup_bloom = KEYS[1], KEYS[2], KEYS[3]
 -- #include dedup
+local seen, dedup, bloom = KEYS[1], KEYS[2], KEYS[3]
 local count = tonumber(ARGV[1])
+local mode_now, impl = dedup_init(seen, dedup, bloom)
 
-if dedup_state.mode ~= "migrating" then
-    return { dedup_state.mode, 0, redis.call("SCARD", dedup_seen) }
+if mode_now ~= "migrating" then
+    return { mode_now, 0, redis.call("SCARD", seen) }
 end
-local members = redis.call("SPOP", dedup_seen, count)
+local members = redis.call("SPOP", seen, count)
 if #members > 0 then
-    if dedup_state.impl == "redisbloom" then
-        redis.call("BF.MADD", dedup_bloom, unpack(members))
+    if impl == "redisbloom" then
+        redis.call("BF.MADD", bloom, unpack(members))
     else
         for _, member in ipairs(members) do
             dedup_filter_add(member)
         end
     end
 end
-local remaining = redis.call("SCARD", dedup_seen)
+local remaining = redis.call("SCARD", seen)
 local mode = "migrating"
 if remaining == 0 then
     mode = "bloom"
-    redis.call("HSET", dedup_meta, "mode", mode)
+    redis.call("HSET", dedup, "mode", mode)
 end
 return { mode, #members, remaining }

@@ -13,11 +13,10 @@ ARGV[3]  alive_ms  a worker whose heartbeat is younger than this is alive
 Returns { flushed, alive }: flushed is 1 when the crawl was flushed; alive is the
 number of other workers alive.
 ]]
+-- #include clock
 local workers = KEYS[1]
 local worker, flush, alive_ms = ARGV[1], ARGV[2], tonumber(ARGV[3])
-
-local time = redis.call("TIME")
-local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+local now_ms = clock_ms()
 local alive = redis.call("ZCOUNT", workers, now_ms - alive_ms, "+inf")
 local own = redis.call("ZSCORE", workers, worker)
 if own and tonumber(own) >= now_ms - alive_ms then

@@ -7,24 +7,23 @@ KEYS[1]  dead      HASH   dead letters: field -> reason \n member
 KEYS[2]  queue     ZSET   score 0, member = lane \0 priority key order key payload
 KEYS[3]  requeues  HASH   order key -> times requeued
 KEYS[4]  stats     HASH   fleet-wide counters
-KEYS[5]  hosts     ZSET   (lib/hosts.lua)
-KEYS[6]  busy      HASH   (lib/hosts.lua)
-KEYS[7]  backlog   HASH   (lib/hosts.lua)
-KEYS[8]  host_next HASH   (lib/hosts.lua)
+KEYS[5]  hosts     ZSET   (lib/lanes.lua)
+KEYS[6]  busy      HASH   (lib/lanes.lua)
+KEYS[7]  backlog   HASH   (lib/lanes.lua)
+KEYS[8]  host_next HASH   (lib/lanes.lua)
 
 ARGV[1]  concurrency  most requests of one lane in flight fleet-wide
 ARGV[2 ..]            dead-letter fields to re-inject
 
 Returns the number re-injected.
 ]]
+-- #include clock
+-- #include member
+-- #include lanes
 local dead, queue, requeues, stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local hosts, busy, backlog, host_next = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local concurrency = tonumber(ARGV[1])
-local time = redis.call("TIME")
-local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
--- #include hosts
--- #include batch
--- #include lanes
+lanes_init(hosts, busy, backlog, host_next, concurrency, clock_ms())
 
 local reinjected = 0
 for i = 2, #ARGV do

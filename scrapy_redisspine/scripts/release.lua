@@ -9,10 +9,10 @@ KEYS[2]  inflight  HASH   order key -> owner \n token \n member
 KEYS[3]  leases    ZSET   order key -> lease time (ms)
 KEYS[4]  stats     HASH   fleet-wide counters
 KEYS[5]  owned     ZSET   score 0, member owner \n order key
-KEYS[6]  hosts     ZSET   (lib/hosts.lua)
-KEYS[7]  busy      HASH   (lib/hosts.lua)
-KEYS[8]  backlog   HASH   (lib/hosts.lua)
-KEYS[9]  host_next HASH   (lib/hosts.lua)
+KEYS[6]  hosts     ZSET   (lib/lanes.lua)
+KEYS[7]  busy      HASH   (lib/lanes.lua)
+KEYS[8]  backlog   HASH   (lib/lanes.lua)
+KEYS[9]  host_next HASH   (lib/lanes.lua)
 
 ARGV[1]  owner        worker id
 ARGV[2]  concurrency  most requests of one lane in flight fleet-wide
@@ -20,23 +20,22 @@ ARGV[3 ..]            order key, lease token, order key, lease token ...
 
 Returns the number of requests put back (fenced: others' leases are left alone).
 ]]
-local queue, inflight, leases, stats, owned = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local hosts, busy, backlog, host_next = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
-local owner, concurrency = ARGV[1], tonumber(ARGV[2])
-local time = redis.call("TIME")
-local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
--- #include hosts
--- #include batch
+-- #include clock
 -- #include lanes
 -- #include entry
 -- #include putback
+local queue, inflight, leases, stats, owned = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local hosts, busy, backlog, host_next = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
+local owner, concurrency = ARGV[1], tonumber(ARGV[2])
+lanes_init(hosts, busy, backlog, host_next, concurrency, clock_ms())
+entry_init(inflight, leases, owned)
 
 local released = 0
 for i = 3, #ARGV, 2 do
     local key, token = ARGV[i], ARGV[i + 1]
     local member = fenced_member(key, owner, token)
     if member then
-        put_back(owner, key, member)
+        put_back(queue, owner, key, member)
         released = released + 1
     end
 end

@@ -9,10 +9,10 @@ KEYS[2]  inflight  HASH   order key -> owner \n token \n member
 KEYS[3]  leases    ZSET   order key -> lease time (ms)
 KEYS[4]  queue     ZSET   score 0, member = lane \0 priority key order key payload
 KEYS[5]  stats     HASH   fleet-wide counters
-KEYS[6]  hosts     ZSET   (lib/hosts.lua)
-KEYS[7]  busy      HASH   (lib/hosts.lua)
-KEYS[8]  backlog   HASH   (lib/hosts.lua)
-KEYS[9]  host_next HASH   (lib/hosts.lua)
+KEYS[6]  hosts     ZSET   (lib/lanes.lua)
+KEYS[7]  busy      HASH   (lib/lanes.lua)
+KEYS[8]  backlog   HASH   (lib/lanes.lua)
+KEYS[9]  host_next HASH   (lib/lanes.lua)
 
 ARGV[1]  owner        worker id
 ARGV[2]  limit        most leases to look at
@@ -21,16 +21,15 @@ ARGV[4 ..]            order keys this worker knows it holds (kept)
 
 Returns the number of leases put back.
 ]]
-local owned, inflight, leases, queue, stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local hosts, busy, backlog, host_next = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
-local owner, limit, concurrency = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
-local time = redis.call("TIME")
-local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
--- #include hosts
--- #include batch
+-- #include clock
 -- #include lanes
 -- #include entry
 -- #include putback
+local owned, inflight, leases, queue, stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local hosts, busy, backlog, host_next = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
+local owner, limit, concurrency = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+lanes_init(hosts, busy, backlog, host_next, concurrency, clock_ms())
+entry_init(inflight, leases, owned)
 
 local known = {}
 for i = 4, #ARGV do
@@ -45,7 +44,7 @@ for _, owned_member in ipairs(held) do
         local entry = redis.call("HGET", inflight, key)
         if entry then
             local _, member = entry_parts(entry)
-            put_back(owner, key, member)
+            put_back(queue, owner, key, member)
             released = released + 1
         else
             redis.call("ZREM", leases, key)

@@ -15,10 +15,10 @@ KEYS[5]  queue     ZSET   score 0, member = lane \0 priority key order key paylo
 KEYS[6]  dead      HASH   dead letters: order key -> reason \n member
 KEYS[7]  requeues  HASH   order key -> times requeued
 KEYS[8]  stats     HASH   fleet-wide counters
-KEYS[9]  hosts     ZSET   (lib/hosts.lua)
-KEYS[10] busy      HASH   (lib/hosts.lua)
-KEYS[11] backlog   HASH   (lib/hosts.lua)
-KEYS[12] host_next HASH   (lib/hosts.lua)
+KEYS[9]  hosts     ZSET   (lib/lanes.lua)
+KEYS[10] busy      HASH   (lib/lanes.lua)
+KEYS[11] backlog   HASH   (lib/lanes.lua)
+KEYS[12] host_next HASH   (lib/lanes.lua)
 KEYS[13] host_delay HASH  lane -> Crawl-delay (s) learned from robots.txt
 
 ARGV[1]  timeout_ms    a worker silent for longer is dead
@@ -33,6 +33,10 @@ ARGV[7 ..]             pairs: lane, rest (ms) of lanes with a delay of their own
 
 Returns { requeued, dead_lettered, workers_removed }.
 ]]
+-- #include clock
+-- #include lanes
+-- #include entry
+-- #include requeue
 local workers, owned, inflight, leases = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local queue, dead, requeues, stats = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local timeout_ms, ceiling_ms = tonumber(ARGV[1]), tonumber(ARGV[2])
@@ -43,13 +47,10 @@ local lane_rests = {}
 for i = 7, #ARGV - 1, 2 do
     lane_rests[ARGV[i]] = tonumber(ARGV[i + 1])
 end
-local time = redis.call("TIME")
-local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
--- #include hosts
--- #include batch
--- #include lanes
--- #include entry
--- #include requeue
+local now_ms = clock_ms()
+lanes_init(hosts, busy, backlog, host_next, concurrency, now_ms)
+entry_init(inflight, leases, owned)
+requeue_init(queue, requeues, dead, host_delay, max_requeues, rest_ms, lane_rests)
 local counts = { q = 0, d = 0 }
 local budget = limit
 local removed = 0

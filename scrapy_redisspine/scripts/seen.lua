@@ -13,8 +13,9 @@ ARGV[1 ..]      fingerprints (raw bytes)
 Returns a string with one character per fingerprint: "1" new (now recorded),
 "0" seen before.
 ]]
-local dedup_seen, dedup_meta, dedup_bloom = KEYS[1], KEYS[2], KEYS[3]
 -- #include dedup
+local seen, dedup, bloom = KEYS[1], KEYS[2], KEYS[3]
+dedup_init(seen, dedup, bloom)
 local statuses = {}
 for i = 1, #ARGV do
     statuses[i] = dedup_add(ARGV[i]) == 1 and "1" or "0"

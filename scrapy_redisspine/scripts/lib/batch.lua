@@ -5,6 +5,7 @@ the writes of a whole batch (HSET pairs, ZADD pairs, ZREM members ...) and send
 them here, and read many fields with one HMGET. Chunks of at most 1000 arguments
 stay far below Lua's C stack limit (about 8000 values for one unpack); an even size
 keeps pairs together.
+Includes nothing. Needs nothing: the keys are arguments.
 
 call_in_chunks(command, key, args [, flag]) -- flag: e.g. "NX", right after the key
 hmget_in_chunks(key, fields) -> values, in the order of fields (false when missing)

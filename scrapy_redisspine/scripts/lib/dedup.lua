@@ -1,19 +1,19 @@
 --[[
-dedup library: included (textually, by the loader) into scripts that must decide
-"seen before?" atomically with what they do next.
+dedup library: for scripts that must decide "seen before?" atomically with what
+they do next.
+Includes nothing. Needs dedup_init called first (by the script).
 
-The including script declares, from its KEYS and before the include line (Redis
-scripts may not create globals):
-  dedup_seen   SET    raw fingerprints (mode "set", drained while "migrating")
-  dedup_meta   HASH   mode and filter parameters (written by dedup_switch.lua)
-  dedup_bloom  STRING the Bloom filter: a bitmap, or a RedisBloom filter
-
+dedup_init(seen, dedup, bloom) -> mode, impl: the HASH's fields below (mode "set" if none)
+  seen   SET    raw fingerprints (mode "set", drained while "migrating")
+  dedup  HASH   mode and filter parameters (written by dedup_switch.lua)
+  bloom  STRING the Bloom filter: a bitmap, or a RedisBloom filter
 dedup_add(fingerprint) -> 1 when the fingerprint is new (and is now recorded),
 0 when it was seen before (or is a Bloom false positive).
+dedup_filter_add(fingerprint) -> the same for the filter alone (migrate_dedup.lua).
 
-The meta HASH is read and checked once, when the script starts (the include runs
-before any of the including script's own writes, so a corrupt HASH aborts the
-script before it changed anything); only the layers in use are parsed. Fields:
+The meta HASH (`dedup`) is read and checked once, by dedup_init: a script calls it
+before any write of its own, so a corrupt HASH aborts the script before it changed
+anything. Only the layers in use are parsed. Fields:
   mode        "set" (or no HASH at all) | "migrating" | "bloom"
   impl        "bitmap" | "redisbloom"                (not in mode "set")
   block_bytes bitmap: bytes per block (all of a fingerprint's bits are in one)
@@ -47,6 +47,8 @@ capacity the next planned layer (allocated here, zeroed) takes over.
 local dedup_byte, dedup_char, dedup_format, dedup_sub = string.byte, string.char, string.format, string.sub
 local dedup_digest_bytes, dedup_member_bytes = 20, 14 -- a digest, and what the SET keeps of it
 local dedup_masks = { 128, 64, 32, 16, 8, 4, 2, 1 } -- bit i of a byte, as Redis numbers it
+
+local dedup_seen, dedup_meta, dedup_bloom -- the keys, set by dedup_init
 
 local function dedup_fail(message)
     error("dedup key " .. dedup_meta .. ": " .. message)
@@ -100,7 +102,14 @@ local function dedup_load()
     end
 end
 
-dedup_load()
+local function dedup_init(seen, dedup, bloom)
+    if not (seen and dedup and bloom) then
+        error("dedup_init: a key is missing")
+    end
+    dedup_seen, dedup_meta, dedup_bloom = seen, dedup, bloom
+    dedup_load()
+    return dedup_state.mode, dedup_state.impl
+end
 
 -- Two 48-bit hashes from the fingerprint's first 12 bytes (it is a digest already);
 -- a fingerprint shorter than that (hand-made) is mixed instead, as bloom.py does.

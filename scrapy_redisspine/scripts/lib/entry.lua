@@ -1,7 +1,16 @@
 --[[
-entry library: read in-flight entries ("owner \n token \n queue member"), so the
-fencing rule lives in one place. Requires the local `inflight` (HASH key).
+entry library: read and end in-flight entries ("owner \n token \n queue member"), so
+the fencing rule lives in one place.
+Includes member. Needs entry_init called first (by the script) for the functions
+that touch keys (entry_get, fenced_member, lease_end, lease_forget); the readers of
+an entry already read need nothing.
 
+entry_init(inflight, leases, owned)
+  inflight  HASH  order key -> owner \n token \n member
+  leases    ZSET  order key -> lease time (ms)
+  owned     ZSET  score 0, member owner \n order key
+
+entry_get(key) -> the entry of the lease `key`, or false.
 fenced_member(key, owner, token) -> the queue member if the lease `key` is still
 held by `owner` under `token`, else nil (acked, requeued, or leased again since).
 entry_member(entry, owner, token) -> the same, from an entry already read (or false).
@@ -9,7 +18,22 @@ entry_lane(entry, owner, token) -> the lane of such an entry (false if its membe
 none), or nil when it is not fenced.
 entry_parts(entry) -> owner, queue member.
 lease_end(owner, key): remove the lease from inflight, leases and owned.
+lease_forget(key): remove a lease's time from leases when its entry is gone already.
 ]]
+-- #include member
+local entry_inflight, entry_leases, entry_owned
+
+local function entry_init(inflight, leases, owned)
+    if not (inflight and leases and owned) then
+        error("entry_init: a key is missing")
+    end
+    entry_inflight, entry_leases, entry_owned = inflight, leases, owned
+end
+
+local function entry_get(key)
+    return redis.call("HGET", entry_inflight, key)
+end
+
 local function entry_member(entry, owner, token)
     local prefix = owner .. "\n" .. token .. "\n"
     if entry and string.sub(entry, 1, #prefix) == prefix then
@@ -24,20 +48,22 @@ local function entry_lane(entry, owner, token)
     if not entry or string.sub(entry, 1, #prefix) ~= prefix then
         return nil
     end
-    local sep = string.find(entry, "\0", #prefix + 1, true)
-    return sep and string.sub(entry, #prefix + 1, sep - 1) or false
+    return member_lane_at(entry, #prefix + 1)
 end
 
 local function fenced_member(key, owner, token)
-    return entry_member(redis.call("HGET", inflight, key), owner, token)
+    return entry_member(entry_get(key), owner, token)
 end
 
--- The lease `key` of `owner` ends: out of in-flight and its two indexes. Requires
--- the locals leases and owned (keys) too.
+-- The lease `key` of `owner` ends: out of in-flight and its two indexes.
 local function lease_end(owner, key)
-    redis.call("HDEL", inflight, key)
-    redis.call("ZREM", leases, key)
-    redis.call("ZREM", owned, owner .. "\n" .. key)
+    redis.call("HDEL", entry_inflight, key)
+    redis.call("ZREM", entry_leases, key)
+    redis.call("ZREM", entry_owned, owner .. "\n" .. key)
+end
+
+local function lease_forget(key)
+    redis.call("ZREM", entry_leases, key)
 end
 
 local function entry_parts(entry)

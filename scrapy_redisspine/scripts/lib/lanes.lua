@@ -1,9 +1,19 @@
 --[[
-lanes library: fleet-wide politeness bookkeeping (the keys are described in
-lib/hosts.lua), for any number of lanes in a fixed number of calls (three HMGETs,
-then at most one write per key and kind) however many lanes a lease, an ack batch
-or an enqueue batch touches; the single-lane helpers at the end use the same code.
-Requires lib/batch.lua included first, and the locals of lib/hosts.lua.
+lanes library: fleet-wide politeness bookkeeping, for any number of lanes in a fixed
+number of calls (three HMGETs, then at most one write per key and kind) however many
+lanes a lease, an ack batch or an enqueue batch touches; the single-lane helpers at
+the end use the same code.
+Includes batch. Needs lanes_init called first (by the script).
+
+lanes_init(hosts, busy, backlog, host_next, concurrency, now_ms)
+  hosts        ZSET  lane -> time (ms) it may next be leased; holds exactly the lanes
+                     with queued requests and a free slot
+  busy         HASH  lane -> requests in flight fleet-wide
+  backlog      HASH  lane -> requests queued
+  host_next    HASH  lane -> earliest time (ms) of its next fetch (end of the last
+                     fetch + delay, or a Retry-After block)
+  concurrency  number, most requests of one lane in flight fleet-wide
+  now_ms       number, the script's clock_ms() (one reading per script call)
 
 lanes_update(lanes, d_busy, d_backlog, rests, nx)
   lanes      the distinct lanes touched, in the order to handle them
@@ -17,13 +27,25 @@ A lane's time in `hosts` is its next time, or the time it became free if that is
 later: lanes due at once are served in the order they were freed. Only a rest that
 ends in the future is written to host_next.
 ]]
+-- #include batch
+-- Kept in upvalues: read on every lane of every batch, cheaper than a table's fields.
+local lanes_hosts, lanes_busy, lanes_backlog, lanes_next, lanes_concurrency, lanes_now
+
+local function lanes_init(hosts, busy, backlog, host_next, concurrency, now_ms)
+    if not (hosts and busy and backlog and host_next and concurrency and now_ms) then
+        error("lanes_init: a key or number is missing")
+    end
+    lanes_hosts, lanes_busy, lanes_backlog, lanes_next = hosts, busy, backlog, host_next
+    lanes_concurrency, lanes_now = concurrency, now_ms
+end
+
 local function lanes_update(lanes, d_busy, d_backlog, rests, nx)
     if #lanes == 0 then
         return
     end
-    local busy_of = hmget_in_chunks(busy, lanes)
-    local backlog_of = hmget_in_chunks(backlog, lanes)
-    local next_of = hmget_in_chunks(host_next, lanes)
+    local busy_of = hmget_in_chunks(lanes_busy, lanes)
+    local backlog_of = hmget_in_chunks(lanes_backlog, lanes)
+    local next_of = hmget_in_chunks(lanes_next, lanes)
     local busy_set, busy_del, backlog_set, backlog_del = {}, {}, {}, {}
     local next_set, due, not_due = {}, {}, {}
     for i, lane in ipairs(lanes) do
@@ -31,8 +53,8 @@ local function lanes_update(lanes, d_busy, d_backlog, rests, nx)
         local queued = tonumber(backlog_of[i] or "0") + (d_backlog and d_backlog[lane] or 0)
         local next_at = tonumber(next_of[i] or "0")
         local rest = rests and rests[lane]
-        if rest and now_ms + rest > next_at then
-            next_at = now_ms + rest
+        if rest and lanes_now + rest > next_at then
+            next_at = lanes_now + rest
             if rest > 0 then
                 next_set[#next_set + 1] = lane
                 next_set[#next_set + 1] = next_at
@@ -51,7 +73,7 @@ local function lanes_update(lanes, d_busy, d_backlog, rests, nx)
                 backlog_set[#backlog_set + 1] = lane
                 backlog_set[#backlog_set + 1] = queued
             end
-            if in_flight >= concurrency then
+            if in_flight >= lanes_concurrency then
                 -- The release of a slot puts it back. With nx (new requests only) a
                 -- lane already due stays: this caller's concurrency (a push from
                 -- outside the crawl, say) may not be the crawl's.
@@ -67,13 +89,13 @@ local function lanes_update(lanes, d_busy, d_backlog, rests, nx)
             not_due[#not_due + 1] = lane
         end
     end
-    call_in_chunks("HSET", busy, busy_set)
-    call_in_chunks("HDEL", busy, busy_del)
-    call_in_chunks("HSET", backlog, backlog_set)
-    call_in_chunks("HDEL", backlog, backlog_del)
-    call_in_chunks("HSET", host_next, next_set)
-    call_in_chunks("ZREM", hosts, not_due)
-    call_in_chunks("ZADD", hosts, due, nx and "NX" or nil)
+    call_in_chunks("HSET", lanes_busy, busy_set)
+    call_in_chunks("HDEL", lanes_busy, busy_del)
+    call_in_chunks("HSET", lanes_backlog, backlog_set)
+    call_in_chunks("HDEL", lanes_backlog, backlog_del)
+    call_in_chunks("HSET", lanes_next, next_set)
+    call_in_chunks("ZREM", lanes_hosts, not_due)
+    call_in_chunks("ZADD", lanes_hosts, due, nx and "NX" or nil)
 end
 
 -- The same for one lane (the cold paths: release, bury, requeue, reinject, repair).

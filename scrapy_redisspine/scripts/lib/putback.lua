@@ -1,9 +1,17 @@
 --[[
 putback library: return a leased request to its lane's queue as it was. No fetch
-happened, so the lane does not rest. Requires lib/hosts.lua, lib/lanes.lua and
-lib/entry.lua included first and the locals queue, inflight, leases, owned (keys).
+happened, so the lane does not rest.
+Includes member, lanes, entry. Needs lanes_init and entry_init called first (by the
+script).
+
+put_back(queue, owner, key, member)
+  queue   ZSET  the crawl's queue
+  owner   the worker that holds the lease `key` of the queue member `member`
 ]]
-local function put_back(owner, key, member)
+-- #include member
+-- #include lanes
+-- #include entry
+local function put_back(queue, owner, key, member)
     redis.call("ZADD", queue, 0, member)
     lease_end(owner, key)
     local lane = member_lane(member)

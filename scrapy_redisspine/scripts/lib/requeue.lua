@@ -1,20 +1,44 @@
 --[[
 requeue library: put one lease back in the queue, or into the dead letters once it
-was requeued too often. Requires lib/hosts.lua, lib/lanes.lua and lib/entry.lua included first, and the locals
-queue, inflight, leases, owned, requeues, dead, host_delay (keys), max_requeues
-(number), rest_ms and lane_rests (how long a lane rests: its dead worker may have been
-mid-fetch; rest_ms by default, lane_rests[lane] where a lane has its own delay, and at
-least the lane's robots.txt Crawl-delay from host_delay).
+was requeued too often.
+Includes member, lanes, entry. Needs lanes_init and entry_init called first (by the
+script), then requeue_init.
+
+requeue_init(queue, requeues, dead, host_delay, max_requeues, rest_ms, lane_rests)
+  queue         ZSET  the crawl's queue
+  requeues      HASH  order key -> times requeued
+  dead          HASH  dead letters: order key -> reason \n member
+  host_delay    HASH  lane -> robots.txt Crawl-delay (s)
+  max_requeues  number: a lease requeued more often goes to the dead letters
+  rest_ms       number: how long a requeued request's lane rests (its dead worker may
+                have been mid-fetch), at least the lane's Crawl-delay
+  lane_rests    table lane -> ms, for lanes with a delay of their own (instead of
+                rest_ms)
 
 requeue_lease(key, reason) -> "q" requeued, "d" dead-lettered, "" nothing to do
 (already acked, released or requeued: this is what makes concurrent sweeps safe).
 ]]
+-- #include member
+-- #include lanes
+-- #include entry
+local requeue_queue, requeue_counts, requeue_dead, requeue_delays
+local requeue_max, requeue_rest_ms, requeue_lane_rests
+
+local function requeue_init(queue, requeues, dead, host_delay, max_requeues, rest_ms, lane_rests)
+    if not (queue and requeues and dead and host_delay and max_requeues and rest_ms
+            and lane_rests) then
+        error("requeue_init: a key or number is missing")
+    end
+    requeue_queue, requeue_counts, requeue_dead, requeue_delays = queue, requeues, dead, host_delay
+    requeue_max, requeue_rest_ms, requeue_lane_rests = max_requeues, rest_ms, lane_rests
+end
+
 local function requeue_rest(lane)
     if lane == "" then
         return 0 -- URLs without a host are never delayed (politeness.py)
     end
-    local rest = lane_rests[lane] or rest_ms
-    local crawl_delay = tonumber(redis.call("HGET", host_delay, lane) or "")
+    local rest = requeue_lane_rests[lane] or requeue_rest_ms
+    local crawl_delay = tonumber(redis.call("HGET", requeue_delays, lane) or "")
     if crawl_delay then
         rest = math.max(rest, math.floor(crawl_delay * 1000))
     end
@@ -22,23 +46,23 @@ local function requeue_rest(lane)
 end
 
 local function requeue_lease(key, reason)
-    local entry = redis.call("HGET", inflight, key)
+    local entry = entry_get(key)
     if not entry then
-        redis.call("ZREM", leases, key)
+        lease_forget(key)
         return ""
     end
     local owner, member = entry_parts(entry)
     lease_end(owner, key)
     local lane = member_lane(member)
-    local times = redis.call("HINCRBY", requeues, key, 1)
+    local times = redis.call("HINCRBY", requeue_counts, key, 1)
     local outcome = "q"
-    if times > max_requeues or not lane then
-        redis.call("HDEL", requeues, key)
+    if times > requeue_max or not lane then
+        redis.call("HDEL", requeue_counts, key)
         local why = string.gsub(reason, "\n", " ") .. "; requeued " .. (times - 1) .. " times"
-        redis.call("HSET", dead, key, why .. "\n" .. member)
+        redis.call("HSET", requeue_dead, key, why .. "\n" .. member)
         outcome = "d"
     else
-        redis.call("ZADD", queue, 0, member)
+        redis.call("ZADD", requeue_queue, 0, member)
     end
     if lane then
         host_released(lane, requeue_rest(lane), outcome == "q")

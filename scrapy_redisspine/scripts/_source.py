@@ -1,0 +1,104 @@
+"""Expanding ``-- #include NAME`` lines; the rules are in the package docstring.
+
+Kept apart from the loader so that tests can expand any text with any reader (a
+temporary directory, a dict) and check the rules without touching package data.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from importlib import resources
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
+    #: Reads a file of the scripts package by relative path ("lease.lua",
+    #: "lib/batch.lua"); raises FileNotFoundError when there is none.
+    Reader = Callable[[str], str]
+
+_INCLUDE = re.compile(r"--\s*#include\b\s*(.*?)")
+_LIBRARY_NAME = re.compile(r"\w+")
+
+
+class ScriptSourceError(ValueError):
+    """A script cannot be put together: bad include, include cycle, bad KEYS header."""
+
+
+@dataclass(frozen=True)
+class Expansion:
+    """A script's text with every include expanded, and the libraries it took in in
+    the order they were emitted (each after the libraries it includes)."""
+
+    text: str
+    libraries: tuple[str, ...]
+
+
+def read_package(relative: str) -> str:
+    """The text of a file shipped in the scripts package (``importlib.resources``)."""
+    return resources.files(__package__).joinpath(relative).read_text("utf-8")
+
+
+def expand(text: str, origin: str, read: Reader = read_package) -> Expansion:
+    """``text`` (read from ``origin``, e.g. ``lease.lua``) with its includes expanded."""
+    emitted: list[str] = []
+    return Expansion(_expand(text, (origin,), read, emitted), tuple(emitted))
+
+
+def _expand(text: str, chain: tuple[str, ...], read: Reader, emitted: list[str]) -> str:
+    out: list[str] = []
+    for line, include in _lines(text, chain[-1]):
+        if include is None:
+            out.append(line)
+        elif not _LIBRARY_NAME.fullmatch(include):
+            raise ScriptSourceError(f"{chain[-1]}: bad library name in {line.strip()!r}")
+        else:
+            out.append(_library(include, chain, read, emitted))
+    return "".join(out)
+
+
+def _lines(text: str, origin: str) -> Iterator[tuple[str, str | None]]:
+    """Each line, with the library it includes (None for any other line).
+
+    An include after the first line of code is an error: libraries come first, so no
+    library can see (and come to rely on) a local of the file that includes it.
+    """
+    in_comment = code_seen = False
+    for line in text.splitlines(keepends=True):
+        stripped = line.strip()
+        match = None if in_comment else _INCLUDE.fullmatch(stripped)
+        if match and code_seen:
+            raise ScriptSourceError(
+                f"{origin}: {stripped!r} follows code; includes come right after the "
+                f"header, before the first line of code"
+            )
+        if in_comment:
+            in_comment = "]]" not in stripped
+        elif stripped.startswith("--[["):
+            in_comment = "]]" not in stripped[4:]
+        elif stripped and not stripped.startswith("--"):
+            code_seen = True
+        yield line, match.group(1) if match else None
+
+
+def _library(name: str, chain: tuple[str, ...], read: Reader, emitted: list[str]) -> str:
+    """The text of ``lib/<name>.lua``, expanded, or "" when this script has it already."""
+    path = f"lib/{name}.lua"
+    if path in chain:
+        cycle = " -> ".join((*chain[chain.index(path):], path))
+        raise ScriptSourceError(f"include cycle: {cycle} (included from {chain[0]})")
+    if name in emitted:
+        return ""
+    try:
+        text = read(path)
+    except FileNotFoundError:
+        raise ScriptSourceError(
+            f"unknown Lua library {name!r} (no scripts/{path}), included by "
+            f"{' -> '.join(chain)}"
+        ) from None
+    expanded = _expand(text, (*chain, path), read, emitted)
+    emitted.append(name)  # after its own includes: each library follows what it uses
+    if not expanded.endswith("\n"):
+        expanded += "\n"
+    return expanded

@@ -1,0 +1,69 @@
+--[[
+member library: the queue member format, built and read here alone on the Lua side
+(members.py is the Python side; tests/unit/test_members.py checks that they agree).
+Includes nothing. Needs nothing.
+
+A queue member is  lane \0 priority key (10 digits) order key (15 digits) payload ;
+all members have score 0, so one lex range of the queue holds a lane's requests,
+highest priority first, then FIFO (or LIFO) by order key. A lane holds no NUL byte.
+
+member_order_key(number, lifo) -> the 15-digit order key of the request numbered
+    `number` (from `seq`); LIFO complements it, so that later requests sort first.
+member_make(lane, priority_key, order_key, payload) -> the queue member.
+member_lane(member) -> lane, order key; nil, nil if the member is malformed (no NUL,
+    or no 15-digit order key where it belongs).
+member_parts(member) -> lane, priority key, order key, payload; nil if malformed.
+member_lane_at(text, first) -> the lane of the member that starts at byte `first` of
+    `text` (an in-flight entry, say), read in place; false if it has no NUL. Checks
+    no order key: for acks of members that were leased, so well formed.
+lane_range(lane) -> the ZRANGEBYLEX bounds of the lane's requests.
+]]
+local member_format, member_find, member_match, member_sub =
+    string.format, string.find, string.match, string.sub
+local member_lifo_top = 999999999999999 -- 10^15 - 1: complements stay 15 digits
+local member_priority_digits, member_order_digits = 10, 15
+-- Where the order key lies, counted from the NUL after the lane.
+local member_key_first = member_priority_digits + 1
+local member_key_last = member_priority_digits + member_order_digits
+
+local function member_order_key(number, lifo)
+    if lifo then
+        number = member_lifo_top - number
+    end
+    return member_format("%015d", number)
+end
+
+local function member_make(lane, priority_key, order_key, payload)
+    return lane .. "\0" .. priority_key .. order_key .. payload
+end
+
+local function member_lane(member)
+    local sep = member_find(member, "\0", 1, true)
+    if not sep then
+        return nil, nil
+    end
+    local key = member_sub(member, sep + member_key_first, sep + member_key_last)
+    if #key ~= member_order_digits or not member_match(key, "^%d+$") then
+        return nil, nil
+    end
+    return member_sub(member, 1, sep - 1), key
+end
+
+local function member_parts(member)
+    local lane, key = member_lane(member)
+    if not lane then
+        return nil
+    end
+    local sep = #lane + 1
+    return lane, member_sub(member, sep + 1, sep + member_priority_digits), key,
+        member_sub(member, sep + member_key_last + 1)
+end
+
+local function member_lane_at(text, first)
+    local sep = member_find(text, "\0", first, true)
+    return sep and member_sub(text, first, sep - 1) or false
+end
+
+local function lane_range(lane)
+    return "[" .. lane .. "\0", "(" .. lane .. "\1"
+end
