@@ -102,7 +102,7 @@ class FleetMember:
         if not self._flush() or not self._guard.available():
             return
         try:
-            queued, inflight = self._frontier.counts()
+            queued, inflight = self._frontier.upkeep.counts()
         except redis.RedisError as exc:
             self._guard.failed("count", exc)
             return

@@ -1,8 +1,9 @@
 """The frontier's upkeep: key checks, sweeps, dead letters, fleet counters, purging.
 
-The part of ``frontier.Frontier`` that keeps a crawl healthy rather than moving
-requests on the hot path (enqueue, lease, ack, release, in ``frontier.py``). Written
-as a base class of ``Frontier`` so that one object keeps one API; Scrapy-free.
+What keeps a crawl healthy rather than moving requests on the hot path (enqueue,
+lease, ack, release, in ``frontier.py``): its own object, held by a ``Frontier`` as
+``frontier.upkeep`` and handed to the extensions through the worker's view, so they
+see the upkeep calls and nothing of the hot path. Scrapy-free.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from scrapy_redisspine.control import record_progress
 from scrapy_redisspine.members import split_member
+from scrapy_redisspine.scripts import ScriptSet
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
@@ -19,7 +21,6 @@ if TYPE_CHECKING:
     import redis
 
     from scrapy_redisspine.keys import CrawlKeys
-    from scrapy_redisspine.scripts import ScriptSet
 
 #: Redis type each key must have when it exists (``TYPE`` reply).
 EXPECTED_TYPES = {
@@ -66,13 +67,29 @@ class DeadLetter:
 
 
 class FrontierUpkeep:
-    """Upkeep operations of ``frontier.Frontier`` (which sets these attributes)."""
+    """The upkeep calls on one crawl's frontier, for one worker (or tool) id.
 
-    client: redis.Redis
-    keys: CrawlKeys
-    worker_id: str
-    concurrency: int
-    _scripts: ScriptSet
+    ``Frontier`` holds one as ``frontier.upkeep`` (sharing its scripts); tools that
+    only look after a crawl (the CLI, a sweep) may build one on their own.
+
+    Keys touched: every key of the crawl (checks, purge), and for the sweep
+    workers, owned, inflight, leases, queue, dead, requeues, stats and the lane keys.
+    """
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        keys: CrawlKeys,
+        worker_id: str,
+        *,
+        concurrency: int = 1,
+        scripts: ScriptSet | None = None,
+    ) -> None:
+        self.client = client
+        self.keys = keys
+        self.worker_id = worker_id
+        self.concurrency = concurrency
+        self._scripts = scripts if scripts is not None else ScriptSet(client, keys)
 
     def check_key_types(self) -> None:
         """Fail early, naming the key, if a crawl key holds the wrong type."""

@@ -185,16 +185,16 @@ def _order(name: str, on: bool, message: str) -> Callable[[Context, argparse.Nam
 
 
 def cmd_dead_letters(ctx: Context, args: argparse.Namespace) -> int:
-    letters = ctx.frontier(ctx.existing(args.crawl)).dead_letters(args.limit)
+    letters = ctx.frontier(ctx.existing(args.crawl)).upkeep.dead_letters(args.limit)
     print_dead_letters(letters)
     return 0
 
 
 def cmd_requeue_dead(ctx: Context, args: argparse.Namespace) -> int:
     frontier = ctx.frontier(ctx.existing(args.crawl))
-    letters = frontier.dead_letters(args.limit)
+    letters = frontier.upkeep.dead_letters(args.limit)
     print_dead_letters(letters)
-    count = frontier.reinject_dead(letter.field for letter in letters)
+    count = frontier.upkeep.reinject_dead(letter.field for letter in letters)
     print(f"re-injected {count} request(s)")
     return 0
 
@@ -202,7 +202,7 @@ def cmd_requeue_dead(ctx: Context, args: argparse.Namespace) -> int:
 def cmd_purge(ctx: Context, args: argparse.Namespace) -> int:
     keys = ctx.existing(args.crawl)
     if not args.yes:
-        alive = ctx.frontier(keys).workers_alive(ctx.config.worker_timeout_ms)
+        alive = ctx.frontier(keys).upkeep.workers_alive(ctx.config.worker_timeout_ms)
         warning = f" ({alive} worker(s) still alive!)" if alive else ""
         answer = input(f"Delete every key of crawl {args.crawl!r} on "
                        f"{describe_url(ctx.url)}{warning}? [y/N] ")

@@ -9,8 +9,8 @@ is done and its children are queued in the same step), ``release`` (back to the
 queue) or ``bury`` (dead letters).
 
 The upkeep operations (key checks, sweeps, dead letters, counters, purging) live in
-``_frontier_upkeep``, a base class of ``Frontier``; the queue member format in
-``members``. Both are re-exported here.
+``_frontier_upkeep``, an object each ``Frontier`` holds as ``upkeep``; the queue
+member format in ``members``. Both are re-exported here.
 """
 
 from __future__ import annotations
@@ -141,7 +141,7 @@ def _lease_batch(reply: Any) -> LeaseBatch:
     return LeaseBatch(leases, int(queued), int(inflight), int(malformed), int(wait_ms))
 
 
-class Frontier(FrontierUpkeep):
+class Frontier:
     """One worker's handle on a crawl's shared frontier.
 
     Keys touched: queue, inflight, leases, seq, seen, starts, dead, workers, stats,
@@ -168,6 +168,9 @@ class Frontier(FrontierUpkeep):
         self.backlog_cap = backlog_cap
         # Every script's KEYS, built once from its header (scripts/__init__.py).
         self._scripts = ScriptSet(client, keys)
+        self.upkeep = FrontierUpkeep(
+            client, keys, worker_id, concurrency=concurrency, scripts=self._scripts
+        )
 
     def register(self, *, flush: bool, alive_ms: int) -> tuple[bool, int]:
         """Announce this worker; flush first if asked and no other worker is alive.

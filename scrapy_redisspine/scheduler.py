@@ -124,7 +124,7 @@ class Scheduler(BaseScheduler):
         )
         self._assemble(spider)
         self.hosts.take_over_download_delay(spider)
-        self.frontier.check_key_types()
+        self.frontier.upkeep.check_key_types()
         flushed, alive = self.frontier.register(
             flush=self.config.flush_on_start,
             alive_ms=self.config.worker_timeout_ms,
@@ -166,7 +166,7 @@ class Scheduler(BaseScheduler):
             counted=self.fleet.counted, crawl_delay_learned=self.hosts.learned_from_lease,
         )
         self.view = signals.WorkerView(
-            self.worker_id, self.frontier, self.guard, self.hosts, self.wake
+            self.worker_id, self.frontier.upkeep, self.guard, self.hosts, self.wake
         )
 
     def _log_open(self, crawl_id: str, flushed: bool, alive: int) -> None:
@@ -210,7 +210,7 @@ class Scheduler(BaseScheduler):
                 self.outbox.flush()
                 self._release_unstarted()
                 finished = reason == "finished" and not self.config.persist
-                if finished and self.frontier.purge_if_done():
+                if finished and self.frontier.upkeep.purge_if_done():
                     logger.info("redisspine: crawl finished; its keys deleted (persist off)")
                 self.frontier.leave()
                 return

@@ -67,7 +67,7 @@ def _declare_dead(client: redis.Redis, keys: CrawlKeys, worker_id: str) -> None:
 
 def _sweep(frontier: Frontier) -> int:
     """Requeue the leases of every worker silent for over a minute; the number requeued."""
-    return frontier.requeue_stale(
+    return frontier.upkeep.requeue_stale(
         timeout_ms=60_000, ceiling_ms=0, max_requeues=10, limit=1000
     ).requeued
 
@@ -297,7 +297,7 @@ class TestLease:
             (f"w1\n{lease.key}".encode(), 0.0) for lease in batch.leases
         ]
         assert not client.exists(crawl_keys.requeues)
-        assert frontier.counts() == (1, 2)
+        assert frontier.upkeep.counts() == (1, 2)
         assert _stats(client, crawl_keys)["leased"] == 2
         assert client.hgetall(crawl_keys.busy) == {b"example.com": b"2"}
         assert client.hgetall(crawl_keys.backlog) == {b"example.com": b"1"}
@@ -362,7 +362,7 @@ class TestAck:
         frontier.enqueue(_requests(b"a", b"b"))
         handles = [lease.handle for lease in frontier.lease(2).leases]
         assert frontier.ack(handles) == 2
-        assert frontier.counts() == (0, 0)
+        assert frontier.upkeep.counts() == (0, 0)
         assert not client.exists(crawl_keys.leases)
         assert not client.exists(crawl_keys.owned)
         assert not client.exists(crawl_keys.busy)
@@ -408,7 +408,7 @@ class TestAck:
         assert lease.token == "101"
         for forged in ("10", "1", "", "1010", "101\n"):
             assert frontier.ack([(lease.key, forged)]) == 0, forged
-        assert frontier.counts() == (0, 1)
+        assert frontier.upkeep.counts() == (0, 1)
         assert frontier.ack([lease.handle]) == 1
 
     def test_ack_twice_counts_once(self, frontier: Frontier) -> None:
@@ -439,7 +439,7 @@ class TestAck:
         result = frontier.enqueue(_requests(b"child1", b"child2", b"parent"), [parent.handle])
         assert result.statuses == "++d"
         assert result.acked == 1
-        assert frontier.counts() == (2, 0)
+        assert frontier.upkeep.counts() == (2, 0)
         assert client.hget(crawl_keys.inflight, parent.key) is None
         assert _payloads(frontier) == [b"child1", b"child2"]
 
@@ -449,7 +449,7 @@ class TestAck:
         (parent,) = owner.lease(1).leases
         result = other.enqueue(_requests(b"child"), [parent.handle])
         assert (result.statuses, result.acked) == ("+", 0)
-        assert owner.counts() == (1, 1)
+        assert owner.upkeep.counts() == (1, 1)
 
 
 class TestRelease:
@@ -471,7 +471,7 @@ class TestRelease:
         assert frontier.release([lease.handle for lease in leases]) == 2
         queue_after = client.zrange(crawl_keys.queue, 0, -1, withscores=True)
         assert set(queue_before) <= set(queue_after)
-        assert frontier.counts() == (5, 0)
+        assert frontier.upkeep.counts() == (5, 0)
         assert not client.exists(crawl_keys.inflight)
         assert not client.exists(crawl_keys.leases)
         assert not client.exists(crawl_keys.owned)
@@ -499,7 +499,7 @@ class TestRelease:
         owner.enqueue(_requests(b"a"))
         (lease,) = owner.lease(1).leases
         assert other.release([lease.handle]) == 0
-        assert owner.counts() == (0, 1)
+        assert owner.upkeep.counts() == (0, 1)
         assert client.hget(crawl_keys.inflight, lease.key) is not None
         assert owner.release([lease.handle, ("999999999999999", lease.token)]) == 1
 
@@ -515,13 +515,13 @@ class TestBury:
         assert entry == b"does not decode\n" + _member(
             b"bad\npayload", lease.key, "h.example", 4
         )
-        assert frontier.counts() == (0, 0)
+        assert frontier.upkeep.counts() == (0, 0)
         assert not client.exists(crawl_keys.leases)
         assert not client.exists(crawl_keys.owned)
         assert not client.exists(crawl_keys.busy), "the lane's slot is free again"
         assert not client.exists(crawl_keys.host_next), "nothing was fetched: no rest"
         assert _stats(client, crawl_keys)["dead_lettered"] == 1
-        (letter,) = frontier.dead_letters()
+        (letter,) = frontier.upkeep.dead_letters()
         assert (letter.field, letter.reason, letter.lane, letter.payload) == (
             lease.key, "does not decode", "h.example", b"bad\npayload",
         )
@@ -534,7 +534,7 @@ class TestBury:
         (lease,) = owner.lease(1).leases
         assert not other.bury(lease.handle, "nope")
         assert not client.exists(crawl_keys.dead)
-        assert owner.counts() == (0, 1)
+        assert owner.upkeep.counts() == (0, 1)
 
     def test_bury_of_unknown_key(self, frontier: Frontier) -> None:
         assert not frontier.bury(("999999999999999", "1"), "gone")
@@ -557,14 +557,14 @@ class TestFencing:
         assert new.requeues == 1
 
         assert frontier.ack([old.handle]) == 0
-        assert frontier.counts() == (0, 1)
+        assert frontier.upkeep.counts() == (0, 1)
         entry = client.hget(crawl_keys.inflight, new.key)
         assert entry is not None
         assert entry.startswith(f"w1\n{new.token}\n".encode())
         assert client.zscore(crawl_keys.leases, new.key) is not None
         assert client.zscore(crawl_keys.owned, f"w1\n{new.key}") == 0
         assert frontier.ack([new.handle]) == 1
-        assert frontier.counts() == (0, 0)
+        assert frontier.upkeep.counts() == (0, 0)
 
     def test_stale_ack_sent_with_children_still_queues_them(
         self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
@@ -574,7 +574,7 @@ class TestFencing:
         new = _requeued_back_to(frontier, client, crawl_keys, old)
         result = frontier.enqueue(_requests(b"child"), [old.handle])
         assert (result.statuses, result.acked) == ("+", 0)
-        assert frontier.counts() == (1, 1)
+        assert frontier.upkeep.counts() == (1, 1)
         assert frontier.ack([new.handle]) == 1
 
     def test_stale_token_cannot_release_the_new_lease(
@@ -584,11 +584,11 @@ class TestFencing:
         (old,) = frontier.lease(1).leases
         new = _requeued_back_to(frontier, client, crawl_keys, old)
         assert frontier.release([old.handle]) == 0
-        assert frontier.counts() == (0, 1)
+        assert frontier.upkeep.counts() == (0, 1)
         assert client.hget(crawl_keys.inflight, new.key) is not None
         assert "released" not in _stats(client, crawl_keys)
         assert frontier.release([new.handle]) == 1
-        assert frontier.counts() == (1, 0)
+        assert frontier.upkeep.counts() == (1, 0)
 
     def test_stale_token_cannot_bury_the_new_lease(
         self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
@@ -598,9 +598,9 @@ class TestFencing:
         new = _requeued_back_to(frontier, client, crawl_keys, old)
         assert not frontier.bury(old.handle, "stale")
         assert not client.exists(crawl_keys.dead)
-        assert frontier.counts() == (0, 1)
+        assert frontier.upkeep.counts() == (0, 1)
         assert frontier.bury(new.handle, "fresh")
-        assert frontier.dead_letters()[0].reason == "fresh"
+        assert frontier.upkeep.dead_letters()[0].reason == "fresh"
 
     def test_old_token_is_refused_while_the_request_waits_in_the_queue(
         self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
@@ -612,7 +612,7 @@ class TestFencing:
         assert frontier.ack([old.handle]) == 0
         assert frontier.release([old.handle]) == 0
         assert not frontier.bury(old.handle, "stale")
-        assert frontier.counts() == (1, 0)
+        assert frontier.upkeep.counts() == (1, 0)
         assert not client.exists(crawl_keys.dead)
 
     def test_another_worker_with_the_right_token_is_refused(
@@ -624,7 +624,7 @@ class TestFencing:
         assert other.ack([lease.handle]) == 0
         assert other.release([lease.handle]) == 0
         assert not other.bury(lease.handle, "not yours")
-        assert owner.counts() == (0, 1)
+        assert owner.upkeep.counts() == (0, 1)
 
 
 class TestWorkers:
@@ -651,7 +651,7 @@ class TestWorkers:
         peer.lease(1)
         late = make_frontier("w2")
         assert late.register(flush=True, alive_ms=ALIVE_MS) == (False, 1)
-        assert peer.counts() == (1, 1)
+        assert peer.upkeep.counts() == (1, 1)
         assert client.scard(crawl_keys.seen) == 2
 
     def test_flush_when_no_other_worker_is_alive(
@@ -677,14 +677,14 @@ class TestWorkers:
         peer.enqueue(_requests(b"a"))
         client.zadd(crawl_keys.workers, {"w1": 1})
         assert make_frontier("w1").register(flush=True, alive_ms=ALIVE_MS) == (False, 1)
-        assert peer.counts() == (1, 0)
+        assert peer.upkeep.counts() == (1, 0)
 
     def test_register_without_flush_keeps_everything(
         self, frontier: Frontier
     ) -> None:
         frontier.enqueue(_requests(b"a"))
         frontier.register(flush=False, alive_ms=ALIVE_MS)
-        assert frontier.counts() == (1, 0)
+        assert frontier.upkeep.counts() == (1, 0)
 
     def test_heartbeat_and_leave(
         self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
@@ -710,14 +710,14 @@ class TestWorkers:
 class TestPurge:
     def test_purge_refused_while_queued(self, frontier: Frontier) -> None:
         frontier.enqueue(_requests(b"a"))
-        assert not frontier.purge_if_done()
-        assert frontier.counts() == (1, 0)
+        assert not frontier.upkeep.purge_if_done()
+        assert frontier.upkeep.counts() == (1, 0)
 
     def test_purge_refused_while_in_flight(self, frontier: Frontier) -> None:
         frontier.enqueue(_requests(b"a"))
         frontier.lease(1)
-        assert not frontier.purge_if_done()
-        assert frontier.counts() == (0, 1)
+        assert not frontier.upkeep.purge_if_done()
+        assert frontier.upkeep.counts() == (0, 1)
 
     def test_purge_when_done_deletes_every_crawl_key(
         self, wide: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
@@ -730,7 +730,7 @@ class TestPurge:
         assert frontier.bury(leases[0].handle, "bad")
         assert frontier.ack([(lease.key, lease.token, 5_000) for lease in leases[1:]]) == 2
         assert client.exists(crawl_keys.host_next)
-        assert frontier.purge_if_done()
+        assert frontier.upkeep.purge_if_done()
         for key in crawl_keys.all_crawl_keys():
             assert not client.exists(key), key
 
@@ -741,15 +741,15 @@ class TestPurge:
         other.enqueue(_requests(b"a"))
         frontier.enqueue(_requests(b"b"))
         assert frontier.ack([lease.handle for lease in frontier.lease(1).leases]) == 1
-        assert frontier.purge_if_done()
-        assert other.counts() == (1, 0)
+        assert frontier.upkeep.purge_if_done()
+        assert other.upkeep.counts() == (1, 0)
 
     def test_purge_removes_the_crawl_from_the_registry(
         self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
     ) -> None:
         # keys.py: the crawls registry lists a crawl "until purged".
         frontier.register(flush=False, alive_ms=ALIVE_MS)
-        assert frontier.purge_if_done()
+        assert frontier.upkeep.purge_if_done()
         assert b"test" not in client.smembers(crawl_keys.crawls)
 
 
@@ -758,7 +758,7 @@ class TestRobustness:
         self, wide: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
     ) -> None:
         frontier = wide
-        frontier.check_key_types()
+        frontier.upkeep.check_key_types()
         frontier.register(flush=False, alive_ms=ALIVE_MS)
         frontier.enqueue(_requests(b"a", b"b", b"c", b"d", is_start=True))
         frontier.set_crawl_delay("", 1.0)
@@ -774,7 +774,7 @@ class TestRobustness:
             "hosts", "busy", "backlog", "host_next", "host_delay",
         ):
             assert client.exists(getattr(crawl_keys, name)), name
-        frontier.check_key_types()
+        frontier.upkeep.check_key_types()
 
     @pytest.mark.parametrize(
         "name",
@@ -789,14 +789,14 @@ class TestRobustness:
         key = getattr(crawl_keys, name)
         client.set(key, b"not mine")
         with pytest.raises(CorruptKeyError, match=key.replace("{", r"\{").replace("}", r"\}")):
-            frontier.check_key_types()
+            frontier.upkeep.check_key_types()
 
     def test_check_key_types_names_the_found_type(
         self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
     ) -> None:
         client.rpush(crawl_keys.seq, b"x")
         with pytest.raises(CorruptKeyError, match="holds a list, expected a string"):
-            frontier.check_key_types()
+            frontier.upkeep.check_key_types()
 
     def test_binary_garbage_member_does_not_break_lease(
         self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
@@ -812,7 +812,7 @@ class TestRobustness:
         assert client.hlen(crawl_keys.dead) == 1
         # Nothing is stranded in flight without its owner knowing the key.
         assert set(client.hkeys(crawl_keys.inflight)) == {lease.key.encode() for lease in leased}
-        assert frontier.counts() == (0, 1)
+        assert frontier.upkeep.counts() == (0, 1)
 
     def test_malformed_members_are_not_conflated(
         self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
@@ -875,7 +875,7 @@ class TestRobustness:
         assert client.hget(crawl_keys.dead, leased[0].key) == b"reason\n" + _member(
             payloads[-1], leased[0].key, "", len(payloads) - 1
         )
-        (letter,) = frontier.dead_letters()
+        (letter,) = frontier.upkeep.dead_letters()
         assert (letter.lane, letter.payload) == ("", payloads[-1])
         assert frontier.ack([lease.handle for lease in leased[1:]]) == len(payloads) - 1
 
@@ -939,7 +939,7 @@ def _check_exactly_once(
     client = redis.Redis.from_url(url)
     try:
         frontier = Frontier(client, CrawlKeys("redisspine", "test"), "checker")
-        assert frontier.counts() == (0, N_REQUESTS)
+        assert frontier.upkeep.counts() == (0, N_REQUESTS)
         owners = Counter(
             entry.split(b"\n", 1)[0].decode()
             for entry in client.hvals(frontier.keys.inflight)

@@ -234,7 +234,7 @@ def test_many_workers_never_hold_two_leases_of_one_lane(
             while time.monotonic() < deadline:
                 leases = frontier.lease(3).leases
                 if not leases:
-                    if frontier.counts() == (0, 0):
+                    if frontier.upkeep.counts() == (0, 0):
                         return
                     time.sleep(0.001)
                     continue
@@ -261,7 +261,7 @@ def test_many_workers_never_hold_two_leases_of_one_lane(
     assert not errors, errors
     assert sorted(fetched) == sorted(f"{lane}-{i}".encode() for lane in lanes for i in range(15))
     assert set(peak.values()) == {1}, f"a lane had two requests in flight: {peak}"
-    assert seeder.counts() == (0, 0)
+    assert seeder.upkeep.counts() == (0, 0)
 
 
 # -- rests ----------------------------------------------------------------------------------
@@ -388,7 +388,7 @@ class TestRequeueStale:
         assert live.lease(10).leases == []
         _silence(client, "dead")
         before = _server_ms(client)
-        result = live.requeue_stale(
+        result = live.upkeep.requeue_stale(
             timeout_ms=TIMEOUT_MS, ceiling_ms=0, max_requeues=3, rest_ms=REST_MS
         )
         assert (result.requeued, result.workers_removed) == (2, 1)
@@ -409,7 +409,7 @@ class TestRequeueStale:
         dead.enqueue(_lane_requests("a.example", 2) + _lane_requests("b.example", 2))
         held = {lease.key for lease in dead.lease(10).leases}
         _silence(client, "dead")
-        assert live.requeue_stale(
+        assert live.upkeep.requeue_stale(
             timeout_ms=TIMEOUT_MS, ceiling_ms=0, max_requeues=3
         ).requeued == 2
         assert {lease.key for lease in live.lease(10).leases} == held
@@ -421,7 +421,7 @@ class TestRequeueStale:
         dead.enqueue(_lane_requests("a.example", 2))
         dead.lease(10)
         _silence(client, "dead")
-        result = live.requeue_stale(timeout_ms=TIMEOUT_MS, ceiling_ms=0, max_requeues=0)
+        result = live.upkeep.requeue_stale(timeout_ms=TIMEOUT_MS, ceiling_ms=0, max_requeues=0)
         assert (result.requeued, result.dead_lettered) == (0, 1)
         assert not client.exists(crawl_keys.busy)
         assert [lease.payload for lease in live.lease(10).leases] == [b"a.example-1"]
@@ -434,7 +434,7 @@ class TestRequeueStale:
         (lease,) = frontier.lease(10).leases
         assert frontier.bury(lease.handle, "bad")
         assert not client.exists(crawl_keys.hosts)
-        assert frontier.reinject_dead([lease.key]) == 1
+        assert frontier.upkeep.reinject_dead([lease.key]) == 1
         assert _hash(client, crawl_keys.backlog) == {"a.example": 1}
         (again,) = frontier.lease(10).leases
         assert (again.key, again.lane) == (lease.key, "a.example")
@@ -454,7 +454,7 @@ class TestBacklogCap:
         assert result.statuses == "++c+"
         assert result.enqueued == 3
         assert _hash(client, crawl_keys.backlog) == {"a.example": 2, "b.example": 1}
-        assert frontier.counts() == (3, 0)
+        assert frontier.upkeep.counts() == (3, 0)
         stats = _hash(client, crawl_keys.stats)
         assert (stats["enqueued"], stats["filtered"]) == (3, 1)
         assert frontier.enqueue(_lane_requests("a.example", 1, prefix="late")).statuses == "c"
@@ -506,8 +506,9 @@ class TestRepair:
             frontier.ack([lease.handle for lease in batch.leases])
         assert leased == [b"a.example-0"]
         assert malformed == 2
-        assert frontier.counts() == (0, 0)
-        assert {letter.reason for letter in frontier.dead_letters()} == {"malformed queue member"}
+        assert frontier.upkeep.counts() == (0, 0)
+        reasons = {letter.reason for letter in frontier.upkeep.dead_letters()}
+        assert reasons == {"malformed queue member"}
 
     def test_lane_counts_lost_are_rebuilt(
         self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
@@ -593,7 +594,7 @@ def test_a_sweep_rests_each_lane_for_its_own_delay(
     assert len(dead.lease(10).leases) == 4
     _silence(client, "dead")
     before = _server_ms(client)
-    result = sweeper.requeue_stale(
+    result = sweeper.upkeep.requeue_stale(
         timeout_ms=TIMEOUT_MS, ceiling_ms=0, max_requeues=3, rest_ms=5_000,
         lane_rests={"override.example": 60_000},
     )
@@ -665,11 +666,11 @@ def test_lane_bookkeeping_is_empty_after_a_whole_crawl(
     (buried,) = w1.lease(1).leases
     assert w1.bury(buried.handle, "bad")
     check()
-    assert w1.reinject_dead([buried.key]) == 1
+    assert w1.upkeep.reinject_dead([buried.key]) == 1
     check()
     w2.lease(3)
     _silence(client, "w2")
-    assert w1.requeue_stale(
+    assert w1.upkeep.requeue_stale(
         timeout_ms=TIMEOUT_MS, ceiling_ms=0, max_requeues=3, rest_ms=1
     ).requeued == 3
     check()
@@ -683,7 +684,7 @@ def test_lane_bookkeeping_is_empty_after_a_whole_crawl(
     for turn in range(200):
         frontier = workers[turn % 2]
         leases = frontier.lease(3).leases
-        if not leases and frontier.counts() == (0, 0):
+        if not leases and frontier.upkeep.counts() == (0, 0):
             break
         children = [
             _new(f"{lease.payload.decode()}/{i}".encode(), lanes[(fetched + i) % 4])

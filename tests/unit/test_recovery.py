@@ -78,7 +78,7 @@ def _age_leases(client: redis.Redis, keys: CrawlKeys, lease_keys: list[str]) -> 
 def _sweep(
     frontier: Frontier, *, ceiling_ms: int = 0, max_requeues: int = 5, limit: int = 1000
 ) -> SweepResult:
-    return frontier.requeue_stale(
+    return frontier.upkeep.requeue_stale(
         timeout_ms=TIMEOUT_MS, ceiling_ms=ceiling_ms, max_requeues=max_requeues, limit=limit
     )
 
@@ -144,7 +144,7 @@ class TestRequeueStale:
         _beat(client, crawl_keys, "w1")
         _age_leases(client, crawl_keys, [lease.key for lease in leases])
         assert _sweep(frontier, ceiling_ms=0) == SweepResult(0, 0, 0)
-        assert frontier.counts() == (0, 2)
+        assert frontier.upkeep.counts() == (0, 2)
         assert frontier.ack([lease.handle for lease in leases]) == 2
 
     def test_a_live_workers_lease_past_the_ceiling_is_requeued(
@@ -157,7 +157,7 @@ class TestRequeueStale:
 
         assert _sweep(frontier, ceiling_ms=60_000) == SweepResult(1, 0, 0)
         assert client.zscore(crawl_keys.workers, "w1") is not None, "the worker lives"
-        assert frontier.counts() == (1, 1)
+        assert frontier.upkeep.counts() == (1, 1)
         assert client.hget(crawl_keys.inflight, fresh.key) is not None
         assert frontier.ack([stuck.handle]) == 0, "the stuck lease's token is void"
         (again,) = frontier.lease(1).leases
@@ -214,11 +214,11 @@ class TestRequeueStale:
         _silence(client, crawl_keys, "w1")
 
         assert _sweep(frontier, max_requeues=2) == SweepResult(0, 1, 1)
-        assert frontier.counts() == (0, 0)
+        assert frontier.upkeep.counts() == (0, 0)
         assert not client.exists(crawl_keys.requeues)
         assert not client.exists(crawl_keys.owned)
         assert not client.exists(crawl_keys.leases)
-        (letter,) = frontier.dead_letters()
+        (letter,) = frontier.upkeep.dead_letters()
         assert letter.field == lease.key
         assert (letter.lane, letter.payload) == ("h.example", b"crasher")
         assert client.hget(crawl_keys.dead, lease.key) == f"{letter.reason}\n".encode() + member
@@ -239,7 +239,7 @@ class TestRequeueStale:
         frontier.lease(1)
         _silence(client, crawl_keys, "w1")
         assert _sweep(frontier, max_requeues=0) == SweepResult(0, 1, 1)
-        (letter,) = frontier.dead_letters()
+        (letter,) = frontier.upkeep.dead_letters()
         assert "requeued 0 times" in letter.reason
 
     def test_ceiling_dead_letter_names_the_ceiling(
@@ -250,7 +250,7 @@ class TestRequeueStale:
         _beat(client, crawl_keys, "w1")
         _age_leases(client, crawl_keys, [lease.key])
         assert _sweep(frontier, ceiling_ms=60_000, max_requeues=0) == SweepResult(0, 1, 0)
-        (letter,) = frontier.dead_letters()
+        (letter,) = frontier.upkeep.dead_letters()
         assert "60000 ms" in letter.reason
         assert "requeued 0 times" in letter.reason
 
@@ -271,11 +271,11 @@ class TestRequeueStale:
         _silence(client, crawl_keys, "dead")
 
         assert _sweep(dead, limit=3) == SweepResult(3, 0, 0)
-        assert dead.counts() == (3, 2)
+        assert dead.upkeep.counts() == (3, 2)
         assert client.zscore(crawl_keys.workers, "dead") is not None, "leases remain"
         assert client.zcard(crawl_keys.owned) == 2
         assert _sweep(dead, limit=3) == SweepResult(2, 0, 1)
-        assert dead.counts() == (5, 0)
+        assert dead.upkeep.counts() == (5, 0)
         assert client.zscore(crawl_keys.workers, "dead") is None
         assert _stats(client, crawl_keys)["requeued"] == 5
 
@@ -297,7 +297,7 @@ class TestRequeueStale:
         _age_leases(client, crawl_keys, [lease.key for lease in leases])
         assert _sweep(frontier, ceiling_ms=60_000, limit=2).requeued == 2
         assert _sweep(frontier, ceiling_ms=60_000, limit=2).requeued == 1
-        assert frontier.counts() == (3, 0)
+        assert frontier.upkeep.counts() == (3, 0)
 
     def test_never_requeues_an_acked_or_released_lease(
         self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
@@ -311,7 +311,7 @@ class TestRequeueStale:
 
         assert _sweep(frontier, ceiling_ms=1).requeued == 1
         assert _queued_payloads(client, crawl_keys) == [b"held", b"released"]
-        assert frontier.counts() == (2, 0)
+        assert frontier.upkeep.counts() == (2, 0)
         assert not client.exists(crawl_keys.leases), "stray lease entries are cleaned up"
 
     def test_is_idempotent(
@@ -364,9 +364,9 @@ class TestDeadLetters:
         (swept,) = frontier.lease(1).leases
         _silence(client, crawl_keys, "w1")
         assert _sweep(frontier, max_requeues=0).dead_lettered == 1
-        assert frontier.counts() == (0, 0)
+        assert frontier.upkeep.counts() == (0, 0)
 
-        letters = {letter.field: letter for letter in frontier.dead_letters()}
+        letters = {letter.field: letter for letter in frontier.upkeep.dead_letters()}
         assert set(letters) == {swept.key, buried.key}
         assert (letters[buried.key].reason, letters[buried.key].payload) == (
             "undecodable", b"buried",
@@ -375,7 +375,7 @@ class TestDeadLetters:
         swept_member = client.hget(crawl_keys.dead, swept.key).split(b"\n", 1)[1]
         assert swept_member in before, "the dead letter keeps the whole queue member"
 
-        assert frontier.reinject_dead([swept.key, buried.key, "no-such-field"]) == 2
+        assert frontier.upkeep.reinject_dead([swept.key, buried.key, "no-such-field"]) == 2
         assert not client.exists(crawl_keys.dead)
         assert dict(_queue(client, crawl_keys)) == before
         assert _stats(client, crawl_keys)["reinjected"] == 2
@@ -394,16 +394,16 @@ class TestDeadLetters:
         frontier.lease(1)
         _silence(client, crawl_keys, "w1")
         assert _sweep(frontier, max_requeues=1).dead_lettered == 1
-        (letter,) = frontier.dead_letters()
-        assert frontier.reinject_dead([letter.field]) == 1
+        (letter,) = frontier.upkeep.dead_letters()
+        assert frontier.upkeep.reinject_dead([letter.field]) == 1
         assert not client.exists(crawl_keys.requeues)
         frontier.lease(1)
         _silence(client, crawl_keys, "w1")
         assert _sweep(frontier, max_requeues=1).requeued == 1
 
     def test_reinject_nothing(self, frontier: Frontier) -> None:
-        assert frontier.reinject_dead([]) == 0
-        assert frontier.reinject_dead(["000000000000001"]) == 0
+        assert frontier.upkeep.reinject_dead([]) == 0
+        assert frontier.upkeep.reinject_dead(["000000000000001"]) == 0
 
     def test_dead_letters_respects_its_limit(
         self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
@@ -411,14 +411,14 @@ class TestDeadLetters:
         frontier.enqueue(_requests(*(f"r{i}".encode() for i in range(5))))
         for lease in frontier.lease(5).leases:
             frontier.bury(lease.handle, "bad")
-        assert len(frontier.dead_letters(limit=2)) == 2
-        assert len(frontier.dead_letters()) == 5
+        assert len(frontier.upkeep.dead_letters(limit=2)) == 2
+        assert len(frontier.upkeep.dead_letters()) == 5
 
     def test_a_dead_letter_written_by_hand_is_listed_not_a_crash(
         self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
     ) -> None:
         client.hset(crawl_keys.dead, "by-hand", b"no newline here")
-        (letter,) = frontier.dead_letters()
+        (letter,) = frontier.upkeep.dead_letters()
         assert (letter.field, letter.reason, letter.payload) == ("by-hand", "no newline here", b"")
 
     def test_malformed_member_is_listed_and_stays_dead_when_reinjected(
@@ -426,13 +426,13 @@ class TestDeadLetters:
     ) -> None:
         client.zadd(crawl_keys.queue, {b"garbage": 0})
         assert frontier.lease(5).malformed == 1
-        (letter,) = frontier.dead_letters()
+        (letter,) = frontier.upkeep.dead_letters()
         assert letter.field.startswith("malformed:")
         assert letter.reason == "malformed queue member"
         assert letter.payload == b"garbage"
-        assert frontier.reinject_dead([letter.field]) == 0, "no lane: it stays dead"
-        assert frontier.dead_letters() == [letter]
-        assert frontier.counts() == (0, 0)
+        assert frontier.upkeep.reinject_dead([letter.field]) == 0, "no lane: it stays dead"
+        assert frontier.upkeep.dead_letters() == [letter]
+        assert frontier.upkeep.counts() == (0, 0)
         assert frontier.lease(5).malformed == 0
         assert "reinjected" not in _stats(client, crawl_keys)
 
@@ -495,10 +495,12 @@ class TestReleaseOrphans:
 
 class TestFleetView:
     def test_fleet_stats(self, frontier: Frontier) -> None:
-        assert frontier.fleet_stats() == {}
+        assert frontier.upkeep.fleet_stats() == {}
         frontier.enqueue(_requests(b"a", b"b", b"a"))
         frontier.ack([lease.handle for lease in frontier.lease(1).leases])
-        assert frontier.fleet_stats() == {"enqueued": 2, "filtered": 1, "leased": 1, "acked": 1}
+        assert frontier.upkeep.fleet_stats() == {
+            "enqueued": 2, "filtered": 1, "leased": 1, "acked": 1,
+        }
 
     def test_workers_alive_counts_recent_heartbeats(
         self, make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys
@@ -506,8 +508,8 @@ class TestFleetView:
         for name in ("a", "b"):
             make_frontier(name).register(flush=False, alive_ms=TIMEOUT_MS)
         _silence(client, crawl_keys, "old")
-        assert make_frontier("a").workers_alive(TIMEOUT_MS) == 2
-        assert make_frontier("a").workers_alive(100 * TIMEOUT_MS) == 3
+        assert make_frontier("a").upkeep.workers_alive(TIMEOUT_MS) == 2
+        assert make_frontier("a").upkeep.workers_alive(100 * TIMEOUT_MS) == 3
 
 
 # -- many sweepers at once (real server) -------------------------------------------------
@@ -522,7 +524,7 @@ def _sweep_until_done(url: str, start: Any, results: Any) -> None:
         start.wait(30)
         requeued = dead = removed = 0
         while True:
-            result = frontier.requeue_stale(
+            result = frontier.upkeep.requeue_stale(
                 timeout_ms=TIMEOUT_MS, ceiling_ms=0, max_requeues=3, limit=3
             )
             requeued += result.requeued
@@ -574,7 +576,7 @@ def test_concurrent_sweepers_requeue_each_lease_exactly_once(
     assert sum(removed for _, _, removed in totals) == 1
     assert set(_queue(real_redis, KEYS)) == queue_before_lease
     assert real_redis.zcard(KEYS.queue) == N_STALE
-    assert frontier.counts() == (N_STALE, 0)
+    assert frontier.upkeep.counts() == (N_STALE, 0)
     assert _stats(real_redis, KEYS)["requeued"] == N_STALE
     assert set(real_redis.hvals(KEYS.requeues)) == {b"1"}
     assert not real_redis.exists(KEYS.owned)
@@ -1161,11 +1163,11 @@ class TestRecoveryExtension:
         _beat(real_redis, KEYS, "w1")
         clock = FakeClock()
         recovery, stats = _recovery()
-        worker = StubWorker(clock, recovery, Frontier(real_redis, KEYS, "w1"))
+        worker = StubWorker(clock, recovery, Frontier(real_redis, KEYS, "w1").upkeep)
         clock.advance(30)
         recovery.sweep()
         assert not worker.guard.down
-        assert dead.counts() == (2, 0)
+        assert dead.upkeep.counts() == (2, 0)
         assert worker.wakes == 1
         assert stats.get_value("redisspine/recovery/requeued") == 2
         assert stats.get_value("redisspine/fleet/requeued") == 2
