@@ -99,27 +99,27 @@ class FleetMember:
 
     def refresh_counts(self) -> None:
         """Count again (acks and requests waiting here go first, so the count holds)."""
-        if not self._flush() or not self._guard.available():
+        if not self._flush() or not self._guard.available("count"):
             return
         try:
             queued, inflight = self._frontier.upkeep.counts()
         except redis.RedisError as exc:
             self._guard.failed("count", exc)
             return
-        self._guard.succeeded()
+        self._guard.succeeded("count")
         self.counted(queued, inflight)
 
     # -- heartbeat, orders, fencing -------------------------------------------------------
 
     def heartbeat(self) -> None:
-        if not self._guard.available():
+        if not self._guard.available("heartbeat"):
             return
         try:
             known = self._frontier.heartbeat(self._timeout_ms)
         except redis.RedisError as exc:
             self._guard.failed("heartbeat", exc)
             return
-        self._guard.succeeded()
+        self._guard.succeeded("heartbeat")
         if not known:
             self._fenced()
         self._follow_orders()

@@ -8,9 +8,13 @@ it calls, so one rule decides for all of them:
 - a full Redis (an OOM reply) is not a down one: the worker keeps calling, but stops
   queueing newly discovered requests (``memory_pressure``) until the memory watch
   sees room again;
+- a script error (a script refused to run, e.g. a key of the wrong type) is not an
+  outage either: the other calls go on (heartbeats first of all: holding them back
+  would get a live worker swept), only the failing operation backs off;
 - after any failure Redis and the worker may disagree on the worker's leases (a
-  lease reply lost in flight, a restart that lost the last acks), so the next lease
-  first reconciles them (``reconcile_needed``).
+  lease reply lost in flight, a script that failed after it wrote, a restart that
+  lost the last acks), so the next lease first reconciles them
+  (``reconcile_needed``).
 
 Scrapy-free: the scheduler, the extension and tools share it through the worker's
 view (see ``scheduler.WorkerView``).
@@ -37,12 +41,33 @@ logger = logging.getLogger("scrapy_redisspine.scheduler")
 HIGH_WATER = 0.9
 LOW_WATER = 0.8
 
+#: Error replies that mean the server cannot serve now, not that a script is wrong.
+_OUTAGE_REPLIES = ("BUSY", "LOADING", "MASTERDOWN", "READONLY", "TRYAGAIN", "CLUSTERDOWN",
+                   "NOREPLICAS")
+_SCRIPT_ERROR_FIRST_DELAY = 0.1
+_SCRIPT_ERROR_MAX_DELAY = 5.0
+_SCRIPT_ERROR_LOG_SECONDS = 60.0
+
+
+def is_script_error(exc: Exception) -> bool:
+    """Did Redis refuse what was asked (not: could it not answer, or not store)?"""
+    if not isinstance(exc, redis.exceptions.ResponseError):
+        return False
+    if isinstance(exc, (redis.exceptions.OutOfMemoryError, redis.exceptions.NoScriptError,
+                        redis.exceptions.ReadOnlyError, redis.exceptions.ClusterError)):
+        return False
+    return not str(exc).startswith(_OUTAGE_REPLIES)
+
 
 class RedisGuard:
-    """Owns the breaker, the memory-pressure flag and the reconcile flag."""
+    """Owns the breaker, the memory-pressure flag, the reconcile flag and the back-off
+    of operations whose script failed."""
 
     def __init__(self, stats: StatsCollector, clock: Callable[[], float]) -> None:
         self._stats = stats
+        self._clock = clock
+        # operation -> (current delay, retry at, last logged)
+        self._refused: dict[str, tuple[float, float, float]] = {}
         self.health = RedisHealth(
             on_error=lambda op: stats.inc_value(f"redisspine/redis_errors/{op}"), clock=clock
         )
@@ -55,15 +80,21 @@ class RedisGuard:
     def down(self) -> bool:
         return self.health.down
 
-    def available(self) -> bool:
-        """May a call be tried now (the back-off after a failure has passed)?"""
-        return self.health.available()
+    def available(self, operation: str | None = None) -> bool:
+        """May a call be tried now (the back-off after a failure has passed)? With an
+        ``operation``, also: has the back-off after its script's last error passed?"""
+        if not self.health.available():
+            return False
+        refused = self._refused.get(operation) if operation else None
+        return refused is None or self._clock() >= refused[1]
 
     def healthy_for(self) -> float:
         return self.health.healthy_for()
 
-    def succeeded(self) -> None:
+    def succeeded(self, operation: str | None = None) -> None:
         self.health.succeeded()
+        if operation is not None:
+            self._refused.pop(operation, None)
 
     def failed(self, operation: str, exc: Exception) -> None:
         """A full Redis is not a down Redis: shed load, but keep calling it."""
@@ -77,7 +108,24 @@ class RedisGuard:
             self.memory_pressure = True  # the memory watch clears it below LOW_WATER
             return
         self.reconcile_needed = True
-        self.health.failed(operation, exc)
+        if is_script_error(exc):
+            self._script_failed(operation, exc)
+        else:
+            self.health.failed(operation, exc)
+
+    def _script_failed(self, operation: str, exc: Exception) -> None:
+        """Back this operation off (0.1 s doubling to 5 s); log once a minute."""
+        now = self._clock()
+        delay, _, logged = self._refused.get(operation, (0.0, 0.0, float("-inf")))
+        delay = min(max(delay * 2, _SCRIPT_ERROR_FIRST_DELAY), _SCRIPT_ERROR_MAX_DELAY)
+        if now - logged >= _SCRIPT_ERROR_LOG_SECONDS:
+            logged = now
+            logger.error(
+                "redisspine: Redis refused %s (%s); retrying it with backoff, the rest of "
+                "the worker goes on (see redisspine/script_errors/%s)", operation, exc, operation,
+            )
+        self._refused[operation] = (delay, now + delay, logged)
+        self._stats.inc_value(f"redisspine/script_errors/{operation}")
 
     def reconciled(self) -> None:
         self.reconcile_needed = False

@@ -107,11 +107,11 @@ class Leaser:
         # Engine wake-ups (each enqueue, each finished download) may come far more
         # often than work appears; after an empty lease, wait for the idle poll,
         # unless there is something to send (an ack frees a lane, a request fills one).
-        if self._outbox.empty and now - self._last_empty_lease < self._idle_poll_seconds / 2:
+        if not self._sending() and now - self._last_empty_lease < self._idle_poll_seconds / 2:
             return False
         free = self._engine.free_download_slots() if self._engine else 1
         count = max(1, min(free, self._batch_size))
-        while not self._book.ready and self._guard.available():
+        while not self._book.ready and self._guard.available("lease"):
             try:
                 if self._guard.reconcile_needed:
                     self._release_orphans()
@@ -121,8 +121,9 @@ class Leaser:
                 return False
             if batch is None:
                 return False
-            if sent:  # else the breaker stays open for the outbox; the leases are ours
-                self._guard.succeeded()
+            self._guard.succeeded("lease")
+            if sent:  # else the outbox keeps its back-off; the leases are ours
+                self._guard.succeeded("enqueue")
             self._counted(batch.queued, batch.inflight)
             self.wake_when_due(batch.wait_ms)
             self._report_malformed(batch.malformed)
@@ -137,14 +138,19 @@ class Leaser:
                 break
         return bool(self._book.ready)
 
+    def _sending(self) -> bool:
+        """Is there something to send, and may it be sent now?"""
+        return not self._outbox.empty and self._guard.available("enqueue")
+
     def _send_and_lease(self, count: int) -> tuple[LeaseBatch | None, bool]:
         """Lease, sending the outbox and acks first in the same round trip.
 
         Returns the batch (None when the send failed and nothing was leased; the
         buffers are kept) and whether Redis took the send (a full Redis that refused
-        new requests did answer: that counts)."""
-        if self._outbox.empty:
-            return self._frontier.lease(count), True
+        new requests did answer: that counts). While the send backs off after an
+        error, the lease goes alone."""
+        if not self._sending():
+            return self._frontier.lease(count), False
         sending = self._outbox.sending()
         sent, batch = self._frontier.enqueue_and_lease(sending.entries, sending.ack_args, count)
         if not isinstance(sent, redis.RedisError):

@@ -144,14 +144,14 @@ class Outbox:
         """Send what waits unless Redis is backing off; True if nothing is left."""
         if self.empty:
             return True
-        if not self._guard.available():
+        if not self._guard.available("enqueue"):
             return False
         try:
             self.flush()
         except redis.RedisError as exc:
             self.send_failed(exc)
             return False
-        self._guard.succeeded()
+        self._guard.succeeded("enqueue")
         return True
 
     def flush(self) -> None:

@@ -633,8 +633,8 @@ def test_a_refused_send_keeps_the_outbox_and_the_leases_it_came_with(
     # A script error on the enqueue half of the pipeline (not a full Redis; here
     # garbage in the dedup HASH, which the enqueue script refuses before it writes
     # anything): the lease half ran, so its leases are handed out; the outbox and
-    # acks wait, and the breaker stays open so they are retried with backoff, not at
-    # every lease.
+    # acks wait and are retried with backoff, not at every lease. A script error is
+    # no outage: the breaker stays closed, heartbeats go on.
     scheduler = make_scheduler(REDISSPINE_LEASE_BATCH_SIZE=1)
     for url in ("http://a.example/", "http://b.example/"):
         scheduler.enqueue_request(Request(url))
@@ -648,14 +648,21 @@ def test_a_refused_send_keeps_the_outbox_and_the_leases_it_came_with(
     assert second.url == "http://b.example/"
     assert len(scheduler.outbox) == 1
     assert scheduler.outbox.acks == 1
-    assert scheduler.guard.down
-    assert _stat(scheduler, "redisspine/redis_errors/enqueue") == 1
+    assert not scheduler.guard.down
+    assert not scheduler.guard.available("enqueue")
+    assert scheduler.guard.available("heartbeat")
+    assert _stat(scheduler, "redisspine/script_errors/enqueue") == 1
     assert scheduler.has_pending_requests()
+    assert not scheduler.outbox.try_flush(), "backing off"
+    beat = client.zscore(KEYS.workers, "w1")
+    time.sleep(0.002)
+    scheduler.fleet.heartbeat()
+    assert client.zscore(KEYS.workers, "w1") > beat, "heartbeats are not held back"
 
     client.hdel(KEYS.dedup, "mode")
     clock.advance(1)  # past the backoff
     assert scheduler.outbox.try_flush()
-    assert not scheduler.guard.down
+    assert scheduler.guard.available("enqueue")
     assert scheduler.outbox.empty
     assert _stat(scheduler, "redisspine/scheduler/acked") == 1
 

@@ -1,0 +1,98 @@
+"""The worker's one rule for Redis failures: down, full, or refusing a script."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import redis
+from scrapy import Spider
+from scrapy.statscollectors import MemoryStatsCollector
+from scrapy.utils.test import get_crawler
+
+from scrapy_redisspine._guard import RedisGuard, is_script_error
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _guard() -> tuple[RedisGuard, Clock, MemoryStatsCollector]:
+    clock = Clock()
+    stats = MemoryStatsCollector(get_crawler(Spider))
+    return RedisGuard(stats, clock), clock, stats
+
+
+@pytest.mark.parametrize(("exc", "script"), [
+    (redis.exceptions.ResponseError("WRONGTYPE Operation against a key"), True),
+    (redis.exceptions.ResponseError("ERR user_script:12: attempt to perform arithmetic"), True),
+    (redis.exceptions.ResponseError("BUSY Redis is busy running a script"), False),
+    (redis.exceptions.ResponseError("LOADING Redis is loading the dataset"), False),
+    (redis.exceptions.ResponseError("MASTERDOWN Link with MASTER is down"), False),
+    (redis.exceptions.ReadOnlyError("You can't write against a read only replica"), False),
+    (redis.exceptions.OutOfMemoryError("OOM command not allowed"), False),
+    (redis.exceptions.NoScriptError("NOSCRIPT"), False),
+    (redis.exceptions.ClusterDownError("CLUSTERDOWN"), False),
+    (redis.exceptions.ConnectionError("refused"), False),
+    (redis.exceptions.TimeoutError("timed out"), False),
+])
+def test_what_counts_as_a_script_error(exc: Exception, script: bool) -> None:
+    assert is_script_error(exc) is script
+
+
+def test_a_script_error_backs_off_its_operation_only() -> None:
+    guard, clock, stats = _guard()
+    guard.failed("lease", redis.exceptions.ResponseError("ERR bad value"))
+    assert not guard.down
+    assert guard.available(), "the breaker is closed"
+    assert guard.available("heartbeat")
+    assert not guard.available("lease")
+    assert guard.reconcile_needed, "the script may have written before it failed"
+    clock.now += 0.11
+    assert guard.available("lease")
+    guard.failed("lease", redis.exceptions.ResponseError("ERR bad value"))
+    clock.now += 0.11
+    assert not guard.available("lease"), "the back-off doubles"
+    clock.now += 0.1
+    assert guard.available("lease")
+    guard.succeeded("lease")
+    guard.failed("lease", redis.exceptions.ResponseError("ERR bad value"))
+    clock.now += 0.11
+    assert guard.available("lease"), "a success starts the back-off again"
+    assert stats.get_value("redisspine/script_errors/lease") == 3
+    assert stats.get_value("redisspine/redis_errors/lease") is None
+
+
+def test_a_script_error_is_logged_once_a_minute(caplog: pytest.LogCaptureFixture) -> None:
+    guard, clock, _ = _guard()
+    with caplog.at_level(logging.ERROR, logger="scrapy_redisspine"):
+        for _ in range(5):
+            guard.failed("enqueue", redis.exceptions.ResponseError("WRONGTYPE queue"))
+            clock.now += 1
+        clock.now += 60
+        guard.failed("enqueue", redis.exceptions.ResponseError("WRONGTYPE queue"))
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2
+    assert "WRONGTYPE queue" in lines[0]
+    assert "enqueue" in lines[0]
+
+
+def test_an_outage_opens_the_breaker_for_every_operation() -> None:
+    guard, _, stats = _guard()
+    guard.failed("lease", redis.exceptions.ConnectionError("refused"))
+    assert guard.down
+    assert not guard.available("heartbeat")
+    assert stats.get_value("redisspine/redis_errors/lease") == 1
+
+
+def test_a_full_redis_is_memory_pressure_not_an_outage() -> None:
+    guard, _, stats = _guard()
+    guard.failed("enqueue", redis.exceptions.OutOfMemoryError("OOM"))
+    assert guard.memory_pressure
+    assert not guard.down
+    assert guard.available("enqueue")
+    assert stats.get_value("redisspine/memory/oom/enqueue") == 1
