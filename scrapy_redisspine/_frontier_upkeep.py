@@ -162,9 +162,21 @@ class FrontierUpkeep:
         return int(queued), int(inflight)
 
     def fleet_stats(self) -> dict[str, int]:
-        """The crawl's fleet-wide counters (a small HASH of a dozen fields)."""
+        """The crawl's fleet-wide counters (a small HASH of a dozen fields); a field
+        that holds no integer is left out (see :meth:`read_fleet_stats`)."""
+        return self.read_fleet_stats()[0]
+
+    def read_fleet_stats(self) -> tuple[dict[str, int], list[str]]:
+        """(the counters, the names of fields that hold no integer and were skipped)."""
         raw: dict[bytes, bytes] = self.client.hgetall(self.keys.stats)  # type: ignore[assignment]
-        return {name.decode(): int(value) for name, value in raw.items()}
+        counters: dict[str, int] = {}
+        bad: list[str] = []
+        for name, value in raw.items():
+            try:
+                counters[name.decode()] = int(value)
+            except (ValueError, UnicodeDecodeError):
+                bad.append(name.decode(errors="replace"))
+        return counters, bad
 
     def workers_alive(self, timeout_ms: int) -> int:
         """Workers whose last heartbeat is younger than ``timeout_ms`` (server time)."""

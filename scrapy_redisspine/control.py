@@ -20,8 +20,10 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from scrapy_redisspine.scripts import ScriptSet
+
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Callable, Mapping
 
     import redis
 
@@ -63,12 +65,23 @@ def give_order(client: redis.Redis, keys: CrawlKeys, order: str, on: bool) -> No
 
 
 class StatsPusher:
-    """Adds a worker's numeric stats deltas to the fleet's ``fleet_stats`` HASH."""
+    """Adds a worker's numeric stats deltas to the fleet's ``fleet_stats`` HASH.
 
-    def __init__(self, client: redis.Redis, keys: CrawlKeys) -> None:
-        self.client = client
+    One atomic script per push (``add_fleet_stats.lua``): a push is never half
+    applied, so a retry after a failure counts nothing twice. A field that holds no
+    number in Redis is skipped (its growth is kept for when it is repaired) and
+    reported once through ``on_skip``.
+    """
+
+    def __init__(
+        self, client: redis.Redis, keys: CrawlKeys,
+        on_skip: Callable[[str], None] | None = None,
+    ) -> None:
         self.keys = keys
+        self._scripts = ScriptSet(client, keys)
+        self._on_skip = on_skip
         self._pushed: dict[str, float] = {}
+        self._skipped: set[str] = set()
 
     def push(self, stats: Mapping[str, Any]) -> int:
         """Send what grew since the last push; return how many fields changed."""
@@ -81,16 +94,26 @@ class StatsPusher:
                 deltas[name] = delta
         if not deltas:
             return 0
-        pipe = self.client.pipeline(transaction=False)
+        args: list[str] = []
         for name, delta in deltas.items():
-            if isinstance(delta, int):
-                pipe.hincrby(self.keys.fleet_stats, name, delta)
-            else:
-                pipe.hincrbyfloat(self.keys.fleet_stats, name, delta)
-        pipe.execute()
+            args += [name, str(delta) if isinstance(delta, int) else repr(float(delta))]
+        skipped = {_text(name) for name in self._scripts.run("add_fleet_stats", args)}
         for name, delta in deltas.items():
-            self._pushed[name] = self._pushed.get(name, 0) + delta
-        return len(deltas)
+            if name not in skipped:
+                self._pushed[name] = self._pushed.get(name, 0) + delta
+        for name in sorted(skipped - self._skipped):
+            logger.warning(
+                "redisspine: fleet stat %r in %s holds no number: not adding to it (delete "
+                "the field to repair it)", name, self.keys.fleet_stats,
+            )
+            if self._on_skip is not None:
+                self._on_skip(name)
+        self._skipped |= skipped
+        return len(deltas) - len(skipped)
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def record_progress(

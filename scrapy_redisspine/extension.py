@@ -44,6 +44,8 @@ from scrapy_redisspine.control import StatsPusher
 from scrapy_redisspine.settings import SpineConfig, load_config
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from scrapy.crawler import Crawler
     from scrapy.statscollectors import StatsCollector
 
@@ -64,6 +66,7 @@ class Recovery:
         self.worker: signals.WorkerView | None = None
         self._timer = Periodic("sweep", self.sweep, config.sweep_seconds, self.clock, stats)
         self._pusher: StatsPusher | None = None
+        self._bad_counters: set[str] = set()
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Recovery:
@@ -78,41 +81,58 @@ class Recovery:
 
     def worker_opened(self, worker: signals.WorkerView) -> None:
         self.worker = worker
-        self._pusher = StatsPusher(worker.upkeep.client, worker.upkeep.keys)
+        self._pusher = StatsPusher(
+            worker.upkeep.client, worker.upkeep.keys,
+            on_skip=lambda _: self.stats.inc_value("redisspine/fleet_stats/skipped"),
+        )
         self._timer.start()
+
+    @property
+    def running(self) -> bool:
+        """Whether the sweep timer runs."""
+        return self._timer.running
 
     def spider_closed(self, *_: Any, **__: Any) -> None:
         self._timer.stop()
 
     def worker_closing(self, worker: signals.WorkerView) -> None:
         """Last push of this worker's stats while its connection is still open."""
-        if self._pusher is None or not worker.guard.available():
-            return
-        try:
-            self._pusher.push(self.stats.get_stats())
-        except redis.RedisError as exc:
-            worker.guard.failed("fleet_stats", exc)
+        self._push_stats(worker)
 
     def sweep(self) -> None:
+        """Recovery first: nothing else a sweep does (reading the fleet's counters,
+        the memory watch, pushing stats) can hold it back, and each part fails on
+        its own."""
         worker = self.worker
-        if worker is None or not worker.guard.available():
-            return
-        try:
-            if self._pusher is not None:
-                self._pusher.push(self.stats.get_stats())
-        except redis.RedisError as exc:
-            worker.guard.failed("fleet_stats", exc)
+        if worker is None:
             return
         # After an outage every heartbeat is old; give live workers one timeout to
         # beat again before taking anyone for dead.
-        if worker.guard.healthy_for() < self.config.worker_timeout_seconds:
+        if worker.guard.available("sweep") and (
+            worker.guard.healthy_for() >= self.config.worker_timeout_seconds
+        ):
+            self._guarded(worker, "sweep", self._sweep_leases)
+        self._guarded(worker, "fleet_read", self._read_fleet)
+        self._guarded(worker, "memory", self._watch_memory)
+        self._push_stats(worker)
+
+    def _guarded(
+        self, worker: signals.WorkerView, operation: str,
+        step: Callable[[signals.WorkerView], object],
+    ) -> None:
+        if not worker.guard.available(operation):
             return
         try:
-            self._sweep_leases(worker)
-            self._read_fleet(worker)
-            self._watch_memory(worker)
+            step(worker)
         except redis.RedisError as exc:
-            worker.guard.failed("sweep", exc)
+            worker.guard.failed(operation, exc)
+        else:
+            worker.guard.succeeded(operation)
+
+    def _push_stats(self, worker: signals.WorkerView) -> None:
+        pusher = self._pusher
+        if pusher is not None:
+            self._guarded(worker, "fleet_stats", lambda _: pusher.push(self.stats.get_stats()))
 
     def _sweep_leases(self, worker: signals.WorkerView) -> None:
         delays = worker.hosts.delays
@@ -136,7 +156,13 @@ class Recovery:
             worker.wake()
 
     def _read_fleet(self, worker: signals.WorkerView) -> None:
-        counters = worker.upkeep.fleet_stats()
+        counters, bad = worker.upkeep.read_fleet_stats()
+        for name in bad:
+            if name not in self._bad_counters:
+                self._bad_counters.add(name)
+                self.stats.inc_value("redisspine/fleet/bad_counters")
+                logger.warning("redisspine: counter %r of %s holds no integer: skipped",
+                               name, worker.upkeep.keys.stats)
         for name, value in counters.items():
             self.stats.set_value(f"redisspine/fleet/{name}", value)
         worker.upkeep.record_progress(

@@ -62,6 +62,7 @@ SCRIPT_NAMES = (
     "seen",
     "dedup_switch",
     "migrate_dedup",
+    "add_fleet_stats",
 )
 
 __all__ = [

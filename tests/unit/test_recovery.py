@@ -969,8 +969,8 @@ class StubUpkeep:
         self.sweeps.append(kwargs)
         return self.result
 
-    def fleet_stats(self) -> dict[str, int]:
-        return dict(self.stats)
+    def read_fleet_stats(self) -> tuple[dict[str, int], list[str]]:
+        return dict(self.stats), []
 
     def workers_alive(self, timeout_ms: int) -> int:
         return 3
@@ -1136,7 +1136,7 @@ class TestRecoveryExtension:
         recovery.sweep()
         assert worker.guard.down
         assert not worker.guard.available()
-        assert stats.get_value("redisspine/redis_errors/sweep") == 1
+        assert stats.get_value("redisspine/redis_errors/memory") == 1
         assert stats.get_value("redisspine/fleet/workers_alive") == 3, "read before the error"
 
     def test_does_nothing_before_the_worker_opened(self) -> None:
