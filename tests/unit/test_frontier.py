@@ -11,6 +11,7 @@ import multiprocessing
 import threading
 import time
 from collections import Counter
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -22,6 +23,7 @@ from scrapy_redisspine.frontier import (
     CorruptKeyError,
     Frontier,
     Lease,
+    LeaseHandle,
     NewRequest,
     priority_key,
     split_member,
@@ -29,6 +31,8 @@ from scrapy_redisspine.frontier import (
 from scrapy_redisspine.keys import CrawlKeys
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from tests.unit.conftest import FrontierFactory
 
 ALIVE_MS = 30_000
@@ -82,6 +86,54 @@ def _requeued_back_to(
     assert again.key == lease.key
     assert again.token != lease.token
     return again
+
+
+@dataclass(frozen=True)
+class _Ending:
+    """One of the three ways a lease ends (ack, release, bury), run on a list of handles."""
+
+    name: str
+    #: Ends the leases behind the handles; how many it ended.
+    run: Callable[[Frontier, list[LeaseHandle]], int]
+    #: The counter in ``stats`` it bumps.
+    stat: str
+    #: (queued, inflight) once it ended a crawl's only lease.
+    counts_after: tuple[int, int]
+    #: The dead letters' reasons it leaves behind, having ended that lease.
+    letters: tuple[str, ...] = ()
+
+
+BURY_REASON = "cannot be processed"
+ENDINGS = (
+    _Ending("ack", lambda frontier, handles: frontier.ack(handles), "acked", (0, 0)),
+    _Ending("release", lambda frontier, handles: frontier.release(handles), "released", (1, 0)),
+    _Ending(
+        "bury",
+        lambda frontier, handles: sum(frontier.bury(handle, BURY_REASON) for handle in handles),
+        "dead_lettered", (0, 0), (BURY_REASON,),
+    ),
+)
+
+
+def _endings(*names: str) -> list[Any]:
+    """``ENDINGS`` (those named, if any) as parameters with readable ids."""
+    return [pytest.param(end, id=end.name) for end in ENDINGS if not names or end.name in names]
+
+
+#: An order key no request has.
+UNKNOWN_KEY = "999999999999999"
+
+
+def _assert_held(
+    client: redis.Redis, keys: CrawlKeys, lease: Lease, owner: str = "w1"
+) -> None:
+    """``lease`` is still in flight as leased: entry (owner, token), lease time, owner index."""
+    entry = client.hget(keys.inflight, lease.key)
+    assert entry is not None
+    assert entry.startswith(f"{owner}\n{lease.token}\n".encode())
+    assert client.zscore(keys.leases, lease.key) is not None
+    assert client.zscore(keys.owned, f"{owner}\n{lease.key}") == 0
+    assert not client.exists(keys.dead)
 
 
 class TestEnqueue:
@@ -375,30 +427,6 @@ class TestAck:
         a, b, c = wide.lease(3).leases
         assert wide.ack([a.handle, (b.key, b.token, 0), (c.key, c.token, 1)]) == 3
 
-    def test_ack_of_nothing(self, frontier: Frontier) -> None:
-        assert frontier.ack([]) == 0
-
-    def test_ack_by_another_worker_is_refused(
-        self, make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys
-    ) -> None:
-        owner, other = make_frontier("w1"), make_frontier("w2")
-        owner.enqueue(_requests(b"a"))
-        (lease,) = owner.lease(1).leases
-        assert other.ack([lease.handle]) == 0
-        assert client.hget(crawl_keys.inflight, lease.key) is not None
-        assert client.zscore(crawl_keys.leases, lease.key) is not None
-        assert client.zscore(crawl_keys.owned, f"w1\n{lease.key}") == 0
-        assert owner.ack([lease.handle]) == 1
-
-    def test_owner_whose_id_prefixes_another_cannot_ack_its_lease(
-        self, make_frontier: FrontierFactory
-    ) -> None:
-        long_id, short_id = make_frontier("w10"), make_frontier("w1")
-        long_id.enqueue(_requests(b"a"))
-        (lease,) = long_id.lease(1).leases
-        assert short_id.ack([lease.handle]) == 0
-        assert long_id.ack([lease.handle]) == 1
-
     def test_token_that_prefixes_the_real_one_cannot_ack(
         self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
     ) -> None:
@@ -416,9 +444,6 @@ class TestAck:
         (lease,) = frontier.lease(1).leases
         assert frontier.ack([lease.handle]) == 1
         assert frontier.ack([lease.handle]) == 0
-
-    def test_unknown_key_is_not_acked(self, frontier: Frontier) -> None:
-        assert frontier.ack([("999999999999999", "1")]) == 0
 
     def test_ack_forgets_the_requeue_count(
         self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
@@ -489,20 +514,6 @@ class TestRelease:
         assert second.token != first.token
         assert second.requeues == 0, "a release is not a requeue"
 
-    def test_release_of_nothing(self, frontier: Frontier) -> None:
-        assert frontier.release([]) == 0
-
-    def test_release_of_another_workers_lease_is_refused(
-        self, make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys
-    ) -> None:
-        owner, other = make_frontier("w1"), make_frontier("w2")
-        owner.enqueue(_requests(b"a"))
-        (lease,) = owner.lease(1).leases
-        assert other.release([lease.handle]) == 0
-        assert owner.upkeep.counts() == (0, 1)
-        assert client.hget(crawl_keys.inflight, lease.key) is not None
-        assert owner.release([lease.handle, ("999999999999999", lease.token)]) == 1
-
 
 class TestBury:
     def test_bury_moves_lease_to_dead_letters_with_reason(
@@ -526,18 +537,49 @@ class TestBury:
             lease.key, "does not decode", "h.example", b"bad\npayload",
         )
 
-    def test_bury_of_another_workers_lease_is_refused(
-        self, make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys
+
+class TestEndingALease:
+    """What ack, release and bury share: each ends only leases this worker holds."""
+
+    @pytest.mark.parametrize("ending", _endings("ack", "release"))
+    def test_ending_nothing(self, frontier: Frontier, ending: _Ending) -> None:
+        assert ending.run(frontier, []) == 0
+
+    @pytest.mark.parametrize("ending", _endings())
+    def test_unknown_key_is_skipped(
+        self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys, ending: _Ending
     ) -> None:
-        owner, other = make_frontier("w1"), make_frontier("w2")
+        frontier.enqueue(_requests(b"a"))
+        (lease,) = frontier.lease(1).leases
+        assert ending.run(frontier, [(UNKNOWN_KEY, lease.token)]) == 0
+        _assert_held(client, crawl_keys, lease)
+        assert ending.run(frontier, [lease.handle, (UNKNOWN_KEY, lease.token)]) == 1
+        assert frontier.upkeep.counts() == ending.counts_after
+
+    @pytest.mark.parametrize("ending", _endings())
+    @pytest.mark.parametrize(
+        "worker_ids",  # (owner, other)
+        [
+            pytest.param(("w1", "w2"), id="other-worker"),
+            pytest.param(("w10", "w1"), id="id-prefixing-the-owners"),
+        ],
+    )
+    def test_another_worker_with_the_right_token_is_refused(
+        self, make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys,
+        ending: _Ending, worker_ids: tuple[str, str],
+    ) -> None:
+        owner_id, other_id = worker_ids
+        owner, other = make_frontier(owner_id), make_frontier(other_id)
         owner.enqueue(_requests(b"a"))
         (lease,) = owner.lease(1).leases
-        assert not other.bury(lease.handle, "nope")
-        assert not client.exists(crawl_keys.dead)
+        assert ending.run(other, [lease.handle]) == 0
+        _assert_held(client, crawl_keys, lease, owner_id)
         assert owner.upkeep.counts() == (0, 1)
-
-    def test_bury_of_unknown_key(self, frontier: Frontier) -> None:
-        assert not frontier.bury(("999999999999999", "1"), "gone")
+        assert ending.stat not in _stats(client, crawl_keys)
+        assert ending.run(owner, [lease.handle]) == 1
+        assert owner.upkeep.counts() == ending.counts_after
+        assert _stats(client, crawl_keys)[ending.stat] == 1
+        assert tuple(letter.reason for letter in owner.upkeep.dead_letters()) == ending.letters
 
 
 class TestFencing:
@@ -548,23 +590,23 @@ class TestFencing:
     request again. Only the newest lease may ack, release or bury it.
     """
 
-    def test_stale_token_of_the_same_worker_cannot_ack_the_new_lease(
-        self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
+    @pytest.mark.parametrize("ending", _endings())
+    def test_stale_token_of_the_same_worker_cannot_end_the_new_lease(
+        self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys, ending: _Ending
     ) -> None:
         frontier.enqueue(_requests(b"a"))
         (old,) = frontier.lease(1).leases
         new = _requeued_back_to(frontier, client, crawl_keys, old)
         assert new.requeues == 1
 
-        assert frontier.ack([old.handle]) == 0
+        assert ending.run(frontier, [old.handle]) == 0
+        _assert_held(client, crawl_keys, new)
         assert frontier.upkeep.counts() == (0, 1)
-        entry = client.hget(crawl_keys.inflight, new.key)
-        assert entry is not None
-        assert entry.startswith(f"w1\n{new.token}\n".encode())
-        assert client.zscore(crawl_keys.leases, new.key) is not None
-        assert client.zscore(crawl_keys.owned, f"w1\n{new.key}") == 0
-        assert frontier.ack([new.handle]) == 1
-        assert frontier.upkeep.counts() == (0, 0)
+        assert ending.stat not in _stats(client, crawl_keys)
+        assert ending.run(frontier, [new.handle]) == 1
+        assert frontier.upkeep.counts() == ending.counts_after
+        assert _stats(client, crawl_keys)[ending.stat] == 1
+        assert tuple(letter.reason for letter in frontier.upkeep.dead_letters()) == ending.letters
 
     def test_stale_ack_sent_with_children_still_queues_them(
         self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
@@ -577,31 +619,6 @@ class TestFencing:
         assert frontier.upkeep.counts() == (1, 1)
         assert frontier.ack([new.handle]) == 1
 
-    def test_stale_token_cannot_release_the_new_lease(
-        self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
-    ) -> None:
-        frontier.enqueue(_requests(b"a"))
-        (old,) = frontier.lease(1).leases
-        new = _requeued_back_to(frontier, client, crawl_keys, old)
-        assert frontier.release([old.handle]) == 0
-        assert frontier.upkeep.counts() == (0, 1)
-        assert client.hget(crawl_keys.inflight, new.key) is not None
-        assert "released" not in _stats(client, crawl_keys)
-        assert frontier.release([new.handle]) == 1
-        assert frontier.upkeep.counts() == (1, 0)
-
-    def test_stale_token_cannot_bury_the_new_lease(
-        self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
-    ) -> None:
-        frontier.enqueue(_requests(b"a"))
-        (old,) = frontier.lease(1).leases
-        new = _requeued_back_to(frontier, client, crawl_keys, old)
-        assert not frontier.bury(old.handle, "stale")
-        assert not client.exists(crawl_keys.dead)
-        assert frontier.upkeep.counts() == (0, 1)
-        assert frontier.bury(new.handle, "fresh")
-        assert frontier.upkeep.dead_letters()[0].reason == "fresh"
-
     def test_old_token_is_refused_while_the_request_waits_in_the_queue(
         self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
     ) -> None:
@@ -609,22 +626,10 @@ class TestFencing:
         (old,) = frontier.lease(1).leases
         _declare_dead(client, crawl_keys, "w1")
         assert _sweep(frontier) == 1
-        assert frontier.ack([old.handle]) == 0
-        assert frontier.release([old.handle]) == 0
-        assert not frontier.bury(old.handle, "stale")
+        for ending in ENDINGS:
+            assert ending.run(frontier, [old.handle]) == 0, ending.name
         assert frontier.upkeep.counts() == (1, 0)
         assert not client.exists(crawl_keys.dead)
-
-    def test_another_worker_with_the_right_token_is_refused(
-        self, make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys
-    ) -> None:
-        owner, other = make_frontier("w1"), make_frontier("w2")
-        owner.enqueue(_requests(b"a"))
-        (lease,) = owner.lease(1).leases
-        assert other.ack([lease.handle]) == 0
-        assert other.release([lease.handle]) == 0
-        assert not other.bury(lease.handle, "not yours")
-        assert owner.upkeep.counts() == (0, 1)
 
 
 class TestWorkers:
