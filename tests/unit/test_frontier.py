@@ -267,28 +267,39 @@ class TestOrder:
         )
         assert _payloads(frontier) == [b"p10", b"p3", b"p0", b"p-5"]
 
-    def test_priority_wins_across_batches(self, frontier: Frontier) -> None:
-        frontier.enqueue([NewRequest(b"low", b"1", priority=-1)])
-        frontier.enqueue([NewRequest(b"high", b"2", priority=1)])
+    @pytest.mark.parametrize(
+        ("order", "first", "second"),
+        [
+            # Each time the batch the order alone would lease first holds the low priority.
+            pytest.param("fifo", NewRequest(b"low", b"1", priority=-1),
+                         NewRequest(b"high", b"2", priority=1), id="fifo"),
+            pytest.param("lifo", NewRequest(b"high", b"1", priority=5),
+                         NewRequest(b"low", b"2"), id="lifo"),
+        ],
+    )
+    def test_priority_wins_across_batches(
+        self, make_frontier: FrontierFactory, order: str, first: NewRequest, second: NewRequest
+    ) -> None:
+        frontier = make_frontier(order=order, concurrency=WIDE)
+        frontier.enqueue([first])
+        frontier.enqueue([second])
         assert _payloads(frontier, 1) == [b"high"]
         assert _payloads(frontier, 1) == [b"low"]
 
-    def test_fifo_among_equal_priorities(self, frontier: Frontier) -> None:
+    @pytest.mark.parametrize(
+        ("order", "expected"),
+        [
+            pytest.param("fifo", [b"a", b"b", b"c"], id="fifo"),
+            pytest.param("lifo", [b"c", b"b", b"a"], id="lifo"),
+        ],
+    )
+    def test_order_among_equal_priorities(
+        self, make_frontier: FrontierFactory, order: str, expected: list[bytes]
+    ) -> None:
+        frontier = make_frontier(order=order, concurrency=WIDE)
         frontier.enqueue(_requests(b"a", b"b"))
         frontier.enqueue(_requests(b"c"))
-        assert _payloads(frontier) == [b"a", b"b", b"c"]
-
-    def test_lifo_among_equal_priorities(self, make_frontier: FrontierFactory) -> None:
-        frontier = make_frontier(order="lifo", concurrency=WIDE)
-        frontier.enqueue(_requests(b"a", b"b"))
-        frontier.enqueue(_requests(b"c"))
-        assert _payloads(frontier) == [b"c", b"b", b"a"]
-
-    def test_lifo_still_puts_higher_priority_first(self, make_frontier: FrontierFactory) -> None:
-        frontier = make_frontier(order="lifo", concurrency=WIDE)
-        frontier.enqueue([NewRequest(b"high", b"1", priority=5)])
-        frontier.enqueue([NewRequest(b"low", b"2")])
-        assert _payloads(frontier) == [b"high", b"low"]
+        assert _payloads(frontier) == expected
 
     def test_order_survives_more_than_nine_requests(self, frontier: Frontier) -> None:
         # Order keys are zero-padded: "10" must not sort before "9".
