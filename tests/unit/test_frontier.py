@@ -724,16 +724,17 @@ class TestWorkers:
 
 
 class TestPurge:
-    def test_purge_refused_while_queued(self, frontier: Frontier) -> None:
+    @pytest.mark.parametrize(
+        ("leased", "counts"),
+        [pytest.param(0, (1, 0), id="queued"), pytest.param(1, (0, 1), id="in-flight")],
+    )
+    def test_purge_refused_while_a_request_is_left(
+        self, frontier: Frontier, leased: int, counts: tuple[int, int]
+    ) -> None:
         frontier.enqueue(_requests(b"a"))
+        frontier.lease(leased)
         assert not frontier.upkeep.purge_if_done()
-        assert frontier.upkeep.counts() == (1, 0)
-
-    def test_purge_refused_while_in_flight(self, frontier: Frontier) -> None:
-        frontier.enqueue(_requests(b"a"))
-        frontier.lease(1)
-        assert not frontier.upkeep.purge_if_done()
-        assert frontier.upkeep.counts() == (0, 1)
+        assert frontier.upkeep.counts() == counts
 
     def test_purge_when_done_deletes_every_crawl_key(
         self, wide: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
