@@ -658,14 +658,26 @@ class TestWorkers:
         # Registering again does not count oneself.
         assert make_frontier("w3").register(flush=False, alive_ms=ALIVE_MS) == (False, 2)
 
+    @pytest.mark.parametrize(
+        "returning",
+        [
+            pytest.param(False, id="newcomer"),
+            # A worker re-registering under its old id, with an old heartbeat: the peer
+            # must still count.
+            pytest.param(True, id="own-stale-heartbeat"),
+        ],
+    )
     def test_flush_is_refused_while_another_worker_is_alive(
-        self, make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys
+        self, make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys,
+        returning: bool,
     ) -> None:
-        peer = make_frontier("w1")
+        peer = make_frontier("peer")
         peer.register(flush=False, alive_ms=ALIVE_MS)
         peer.enqueue(_requests(b"a", b"b"))
         peer.lease(1)
-        late = make_frontier("w2")
+        if returning:
+            _declare_dead(client, crawl_keys, "late")
+        late = make_frontier("late")
         assert late.register(flush=True, alive_ms=ALIVE_MS) == (False, 1)
         assert peer.upkeep.counts() == (1, 1)
         assert client.scard(crawl_keys.seen) == 2
@@ -676,24 +688,12 @@ class TestWorkers:
         old = make_frontier("w1")
         old.enqueue(_requests(b"a", b"b"))
         old.lease(1)
-        client.zadd(crawl_keys.workers, {"dead-worker": 1})  # heartbeat in 1970
+        _declare_dead(client, crawl_keys, "dead-worker")
         assert make_frontier("w2").register(flush=True, alive_ms=ALIVE_MS) == (True, 0)
         for key in crawl_keys.all_crawl_keys():
             if key != crawl_keys.workers:
                 assert not client.exists(key), key
         assert client.zrange(crawl_keys.workers, 0, -1) == [b"w2"]
-
-    def test_own_stale_heartbeat_does_not_hide_a_live_peer(
-        self, make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys
-    ) -> None:
-        # A worker re-registering under its old id, with an old heartbeat, while a
-        # peer is alive: the peer must still count, and block the flush.
-        peer = make_frontier("peer")
-        peer.register(flush=False, alive_ms=ALIVE_MS)
-        peer.enqueue(_requests(b"a"))
-        client.zadd(crawl_keys.workers, {"w1": 1})
-        assert make_frontier("w1").register(flush=True, alive_ms=ALIVE_MS) == (False, 1)
-        assert peer.upkeep.counts() == (1, 0)
 
     def test_register_without_flush_keeps_everything(
         self, frontier: Frontier
@@ -707,7 +707,7 @@ class TestWorkers:
     ) -> None:
         frontier.register(flush=False, alive_ms=ALIVE_MS)
         assert frontier.heartbeat() is True
-        client.zadd(crawl_keys.workers, {"w1": 1})
+        _declare_dead(client, crawl_keys, "w1")
         assert frontier.heartbeat() is False, "silent for ages: it may have been swept"
         stamped = client.zscore(crawl_keys.workers, "w1")
         assert stamped is not None
