@@ -60,6 +60,11 @@ def wide(make_frontier: FrontierFactory) -> Frontier:
     return make_frontier(concurrency=WIDE)
 
 
+def _existing(client: redis.Redis, *keys: str) -> list[str]:
+    """Those of ``keys`` that exist, in the order given."""
+    return [key for key in keys if client.exists(key)]
+
+
 def _stats(client: redis.Redis, keys: CrawlKeys) -> dict[str, int]:
     return {name.decode(): int(value) for name, value in client.hgetall(keys.stats).items()}
 
@@ -426,11 +431,10 @@ class TestAck:
         handles = [lease.handle for lease in frontier.lease(2).leases]
         assert frontier.ack(handles) == 2
         assert frontier.upkeep.counts() == (0, 0)
-        assert not client.exists(crawl_keys.leases)
-        assert not client.exists(crawl_keys.owned)
-        assert not client.exists(crawl_keys.busy)
-        assert not client.exists(crawl_keys.backlog)
-        assert not client.exists(crawl_keys.hosts)
+        assert _existing(
+            client, crawl_keys.leases, crawl_keys.owned, crawl_keys.busy, crawl_keys.backlog,
+            crawl_keys.hosts,
+        ) == []
         assert _stats(client, crawl_keys)["acked"] == 2
 
     def test_ack_takes_handles_and_acks_with_a_rest(self, wide: Frontier) -> None:
@@ -508,10 +512,9 @@ class TestRelease:
         queue_after = client.zrange(crawl_keys.queue, 0, -1, withscores=True)
         assert set(queue_before) <= set(queue_after)
         assert frontier.upkeep.counts() == (5, 0)
-        assert not client.exists(crawl_keys.inflight)
-        assert not client.exists(crawl_keys.leases)
-        assert not client.exists(crawl_keys.owned)
-        assert not client.exists(crawl_keys.busy)
+        assert _existing(
+            client, crawl_keys.inflight, crawl_keys.leases, crawl_keys.owned, crawl_keys.busy
+        ) == []
         assert client.hgetall(crawl_keys.backlog) == {b"": b"5"}
         assert _payloads(frontier) == [b"high", b"a", b"b", b"c", b"low"]
         assert _stats(client, crawl_keys)["released"] == 2
@@ -538,10 +541,10 @@ class TestBury:
             b"bad\npayload", lease.key, "h.example", 4
         )
         assert frontier.upkeep.counts() == (0, 0)
-        assert not client.exists(crawl_keys.leases)
-        assert not client.exists(crawl_keys.owned)
-        assert not client.exists(crawl_keys.busy), "the lane's slot is free again"
-        assert not client.exists(crawl_keys.host_next), "nothing was fetched: no rest"
+        # No busy: the lane's slot is free again; no host_next: nothing was fetched, no rest.
+        assert _existing(
+            client, crawl_keys.leases, crawl_keys.owned, crawl_keys.busy, crawl_keys.host_next
+        ) == []
         assert _stats(client, crawl_keys)["dead_lettered"] == 1
         (letter,) = frontier.upkeep.dead_letters()
         assert (letter.field, letter.reason, letter.lane, letter.payload) == (
@@ -690,9 +693,7 @@ class TestWorkers:
         old.lease(1)
         _declare_dead(client, crawl_keys, "dead-worker")
         assert make_frontier("w2").register(flush=True, alive_ms=ALIVE_MS) == (True, 0)
-        for key in crawl_keys.all_crawl_keys():
-            if key != crawl_keys.workers:
-                assert not client.exists(key), key
+        assert _existing(client, *crawl_keys.all_crawl_keys()) == [crawl_keys.workers]
         assert client.zrange(crawl_keys.workers, 0, -1) == [b"w2"]
 
     def test_register_without_flush_keeps_everything(
@@ -748,8 +749,7 @@ class TestPurge:
         assert frontier.ack([(lease.key, lease.token, 5_000) for lease in leases[1:]]) == 2
         assert client.exists(crawl_keys.host_next)
         assert frontier.upkeep.purge_if_done()
-        for key in crawl_keys.all_crawl_keys():
-            assert not client.exists(key), key
+        assert _existing(client, *crawl_keys.all_crawl_keys()) == []
 
     def test_purge_leaves_other_crawls_alone(
         self, frontier: Frontier, client: redis.Redis
@@ -786,11 +786,12 @@ class TestRobustness:
         frontier.lease(1)
         later = frontier.lease(1).leases[0]
         assert frontier.ack([(later.key, later.token, 60_000)]) == 1  # a rest: host_next
-        for name in (
-            "dead", "requeues", "owned", "inflight", "leases", "queue",
-            "hosts", "busy", "backlog", "host_next", "host_delay",
-        ):
-            assert client.exists(getattr(crawl_keys, name)), name
+        used = (
+            crawl_keys.dead, crawl_keys.requeues, crawl_keys.owned, crawl_keys.inflight,
+            crawl_keys.leases, crawl_keys.queue, crawl_keys.hosts, crawl_keys.busy,
+            crawl_keys.backlog, crawl_keys.host_next, crawl_keys.host_delay,
+        )
+        assert _existing(client, *used) == list(used)
         frontier.upkeep.check_key_types()
 
     @pytest.mark.parametrize(
