@@ -74,8 +74,10 @@ def _declare_dead(client: redis.Redis, keys: CrawlKeys, worker_id: str) -> None:
     client.zadd(keys.workers, {worker_id: 1})
 
 
-def _sweep(frontier: Frontier) -> int:
-    """Requeue the leases of every worker silent for over a minute; the number requeued."""
+def _sweep_as_dead(frontier: Frontier, client: redis.Redis, keys: CrawlKeys) -> int:
+    """Declare ``frontier``'s worker dead, requeue the leases of every worker silent for
+    over a minute; the number requeued."""
+    _declare_dead(client, keys, frontier.worker_id)
     return frontier.upkeep.requeue_stale(
         timeout_ms=60_000, ceiling_ms=0, max_requeues=10, limit=1000
     ).requeued
@@ -85,8 +87,7 @@ def _requeued_back_to(
     frontier: Frontier, client: redis.Redis, keys: CrawlKeys, lease: Lease
 ) -> Lease:
     """Sweep ``lease`` back to the queue (its owner declared dead), lease it again."""
-    _declare_dead(client, keys, frontier.worker_id)
-    assert _sweep(frontier) == 1
+    assert _sweep_as_dead(frontier, client, keys) == 1
     (again,) = frontier.lease(1).leases
     assert again.key == lease.key
     assert again.token != lease.token
@@ -638,8 +639,7 @@ class TestFencing:
     ) -> None:
         frontier.enqueue(_requests(b"a"))
         (old,) = frontier.lease(1).leases
-        _declare_dead(client, crawl_keys, "w1")
-        assert _sweep(frontier) == 1
+        assert _sweep_as_dead(frontier, client, crawl_keys) == 1
         for ending in ENDINGS:
             assert ending.run(frontier, [old.handle]) == 0, ending.name
         assert frontier.upkeep.counts() == (1, 0)
@@ -781,8 +781,7 @@ class TestRobustness:
         frontier.set_crawl_delay("", 1.0)
         leases = frontier.lease(2).leases
         assert frontier.bury(leases[0].handle, "bad")
-        _declare_dead(client, crawl_keys, "w1")
-        assert _sweep(frontier) == 1
+        assert _sweep_as_dead(frontier, client, crawl_keys) == 1
         frontier.lease(1)
         later = frontier.lease(1).leases[0]
         assert frontier.ack([(later.key, later.token, 60_000)]) == 1  # a rest: host_next
@@ -885,8 +884,7 @@ class TestRobustness:
         assert frontier.release([lease.handle for lease in leased]) == len(payloads)
         leased = frontier.lease(100).leases
         assert [lease.payload for lease in leased] == payloads[::-1]
-        _declare_dead(client, crawl_keys, "w1")
-        assert _sweep(frontier) == len(payloads)
+        assert _sweep_as_dead(frontier, client, crawl_keys) == len(payloads)
         leased = frontier.lease(100).leases
         assert [lease.payload for lease in leased] == payloads[::-1]
         assert frontier.bury(leased[0].handle, "reason")
