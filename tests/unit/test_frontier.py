@@ -83,6 +83,13 @@ def _sweep_as_dead(frontier: Frontier, client: redis.Redis, keys: CrawlKeys) -> 
     ).requeued
 
 
+def _leased(frontier: Frontier, payload: bytes = b"a") -> Lease:
+    """Enqueue one request and lease it."""
+    frontier.enqueue(_requests(payload))
+    (lease,) = frontier.lease(1).leases
+    return lease
+
+
 def _requeued_back_to(
     frontier: Frontier, client: redis.Redis, keys: CrawlKeys, lease: Lease
 ) -> Lease:
@@ -456,16 +463,14 @@ class TestAck:
         assert frontier.ack([lease.handle]) == 1
 
     def test_ack_twice_counts_once(self, frontier: Frontier) -> None:
-        frontier.enqueue(_requests(b"a"))
-        (lease,) = frontier.lease(1).leases
+        lease = _leased(frontier)
         assert frontier.ack([lease.handle]) == 1
         assert frontier.ack([lease.handle]) == 0
 
     def test_ack_forgets_the_requeue_count(
         self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
     ) -> None:
-        frontier.enqueue(_requests(b"a"))
-        (lease,) = frontier.lease(1).leases
+        lease = _leased(frontier)
         again = _requeued_back_to(frontier, client, crawl_keys, lease)
         assert again.requeues == 1
         assert frontier.ack([again.handle]) == 1
@@ -475,8 +480,7 @@ class TestAck:
         self, wide: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
     ) -> None:
         frontier = wide
-        frontier.enqueue(_requests(b"parent"))
-        (parent,) = frontier.lease(1).leases
+        parent = _leased(frontier, b"parent")
         result = frontier.enqueue(_requests(b"child1", b"child2", b"parent"), [parent.handle])
         assert result.statuses == "++d"
         assert result.acked == 1
@@ -486,8 +490,7 @@ class TestAck:
 
     def test_enqueue_with_refused_ack_still_enqueues(self, make_frontier: FrontierFactory) -> None:
         owner, other = make_frontier("w1"), make_frontier("w2")
-        owner.enqueue(_requests(b"parent"))
-        (parent,) = owner.lease(1).leases
+        parent = _leased(owner, b"parent")
         result = other.enqueue(_requests(b"child"), [parent.handle])
         assert (result.statuses, result.acked) == ("+", 0)
         assert owner.upkeep.counts() == (1, 1)
@@ -521,8 +524,7 @@ class TestRelease:
         assert _stats(client, crawl_keys)["released"] == 2
 
     def test_release_keeps_the_order_key(self, frontier: Frontier) -> None:
-        frontier.enqueue(_requests(b"a"))
-        (first,) = frontier.lease(1).leases
+        first = _leased(frontier)
         frontier.release([first.handle])
         (second,) = frontier.lease(1).leases
         assert (second.key, second.payload) == (first.key, first.payload)
@@ -564,8 +566,7 @@ class TestEndingALease:
     def test_unknown_key_is_skipped(
         self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys, ending: _Ending
     ) -> None:
-        frontier.enqueue(_requests(b"a"))
-        (lease,) = frontier.lease(1).leases
+        lease = _leased(frontier)
         assert ending.run(frontier, [(UNKNOWN_KEY, lease.token)]) == 0
         _assert_held(client, crawl_keys, lease)
         assert ending.run(frontier, [lease.handle, (UNKNOWN_KEY, lease.token)]) == 1
@@ -585,8 +586,7 @@ class TestEndingALease:
     ) -> None:
         owner_id, other_id = worker_ids
         owner, other = make_frontier(owner_id), make_frontier(other_id)
-        owner.enqueue(_requests(b"a"))
-        (lease,) = owner.lease(1).leases
+        lease = _leased(owner)
         assert ending.run(other, [lease.handle]) == 0
         _assert_held(client, crawl_keys, lease, owner_id)
         assert owner.upkeep.counts() == (0, 1)
@@ -609,8 +609,7 @@ class TestFencing:
     def test_stale_token_of_the_same_worker_cannot_end_the_new_lease(
         self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys, ending: _Ending
     ) -> None:
-        frontier.enqueue(_requests(b"a"))
-        (old,) = frontier.lease(1).leases
+        old = _leased(frontier)
         new = _requeued_back_to(frontier, client, crawl_keys, old)
         assert new.requeues == 1
 
@@ -626,8 +625,7 @@ class TestFencing:
     def test_stale_ack_sent_with_children_still_queues_them(
         self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
     ) -> None:
-        frontier.enqueue(_requests(b"parent"))
-        (old,) = frontier.lease(1).leases
+        old = _leased(frontier, b"parent")
         new = _requeued_back_to(frontier, client, crawl_keys, old)
         result = frontier.enqueue(_requests(b"child"), [old.handle])
         assert (result.statuses, result.acked) == ("+", 0)
@@ -637,8 +635,7 @@ class TestFencing:
     def test_old_token_is_refused_while_the_request_waits_in_the_queue(
         self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
     ) -> None:
-        frontier.enqueue(_requests(b"a"))
-        (old,) = frontier.lease(1).leases
+        old = _leased(frontier)
         assert _sweep_as_dead(frontier, client, crawl_keys) == 1
         for ending in ENDINGS:
             assert ending.run(frontier, [old.handle]) == 0, ending.name
