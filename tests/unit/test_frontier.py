@@ -149,6 +149,22 @@ def _assert_held(
     assert not client.exists(keys.dead)
 
 
+def _assert_refused_then_ended(
+    client: redis.Redis, keys: CrawlKeys, ending: _Ending, *,
+    by: Frontier, handle: LeaseHandle, holder: Frontier, lease: Lease,
+) -> None:
+    """``by``, presenting ``handle``, is refused and changes nothing; then ``holder``
+    ends ``lease`` (the crawl's only lease, its own) with the lease's handle."""
+    assert ending.run(by, [handle]) == 0
+    _assert_held(client, keys, lease, holder.worker_id)
+    assert holder.upkeep.counts() == (0, 1)
+    assert ending.stat not in _stats(client, keys)
+    assert ending.run(holder, [lease.handle]) == 1
+    assert holder.upkeep.counts() == ending.counts_after
+    assert _stats(client, keys)[ending.stat] == 1
+    assert tuple(letter.reason for letter in holder.upkeep.dead_letters()) == ending.letters
+
+
 class TestEnqueue:
     def test_statuses_per_request(self, frontier: Frontier) -> None:
         result = frontier.enqueue(
@@ -587,14 +603,9 @@ class TestEndingALease:
         owner_id, other_id = worker_ids
         owner, other = make_frontier(owner_id), make_frontier(other_id)
         lease = _leased(owner)
-        assert ending.run(other, [lease.handle]) == 0
-        _assert_held(client, crawl_keys, lease, owner_id)
-        assert owner.upkeep.counts() == (0, 1)
-        assert ending.stat not in _stats(client, crawl_keys)
-        assert ending.run(owner, [lease.handle]) == 1
-        assert owner.upkeep.counts() == ending.counts_after
-        assert _stats(client, crawl_keys)[ending.stat] == 1
-        assert tuple(letter.reason for letter in owner.upkeep.dead_letters()) == ending.letters
+        _assert_refused_then_ended(
+            client, crawl_keys, ending, by=other, handle=lease.handle, holder=owner, lease=lease
+        )
 
 
 class TestFencing:
@@ -612,15 +623,9 @@ class TestFencing:
         old = _leased(frontier)
         new = _requeued_back_to(frontier, client, crawl_keys, old)
         assert new.requeues == 1
-
-        assert ending.run(frontier, [old.handle]) == 0
-        _assert_held(client, crawl_keys, new)
-        assert frontier.upkeep.counts() == (0, 1)
-        assert ending.stat not in _stats(client, crawl_keys)
-        assert ending.run(frontier, [new.handle]) == 1
-        assert frontier.upkeep.counts() == ending.counts_after
-        assert _stats(client, crawl_keys)[ending.stat] == 1
-        assert tuple(letter.reason for letter in frontier.upkeep.dead_letters()) == ending.letters
+        _assert_refused_then_ended(
+            client, crawl_keys, ending, by=frontier, handle=old.handle, holder=frontier, lease=new
+        )
 
     def test_stale_ack_sent_with_children_still_queues_them(
         self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
