@@ -140,7 +140,8 @@ UNKNOWN_KEY = "999999999999999"
 def _assert_held(
     client: redis.Redis, keys: CrawlKeys, lease: Lease, owner: str = "w1"
 ) -> None:
-    """``lease`` is still in flight as leased: entry (owner, token), lease time, owner index."""
+    """``lease`` is still in flight as leased (entry with owner and token, lease time,
+    owner index), and nothing is dead-lettered."""
     entry = client.hget(keys.inflight, lease.key)
     assert entry is not None
     assert entry.startswith(f"{owner}\n{lease.token}\n".encode())
