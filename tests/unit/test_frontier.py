@@ -11,6 +11,7 @@ import multiprocessing
 import threading
 import time
 from collections import Counter
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -22,6 +23,7 @@ from scrapy_redisspine.frontier import (
     CorruptKeyError,
     Frontier,
     Lease,
+    LeaseHandle,
     NewRequest,
     priority_key,
     split_member,
@@ -29,6 +31,8 @@ from scrapy_redisspine.frontier import (
 from scrapy_redisspine.keys import CrawlKeys
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from tests.unit.conftest import FrontierFactory
 
 ALIVE_MS = 30_000
@@ -56,6 +60,11 @@ def wide(make_frontier: FrontierFactory) -> Frontier:
     return make_frontier(concurrency=WIDE)
 
 
+def _existing(client: redis.Redis, *keys: str) -> list[str]:
+    """Those of ``keys`` that exist, in the order given."""
+    return [key for key in keys if client.exists(key)]
+
+
 def _stats(client: redis.Redis, keys: CrawlKeys) -> dict[str, int]:
     return {name.decode(): int(value) for name, value in client.hgetall(keys.stats).items()}
 
@@ -65,23 +74,96 @@ def _declare_dead(client: redis.Redis, keys: CrawlKeys, worker_id: str) -> None:
     client.zadd(keys.workers, {worker_id: 1})
 
 
-def _sweep(frontier: Frontier) -> int:
-    """Requeue the leases of every worker silent for over a minute; the number requeued."""
+def _sweep_as_dead(frontier: Frontier, client: redis.Redis, keys: CrawlKeys) -> int:
+    """Declare ``frontier``'s worker dead, requeue the leases of every worker silent for
+    over a minute; the number requeued."""
+    _declare_dead(client, keys, frontier.worker_id)
     return frontier.upkeep.requeue_stale(
         timeout_ms=60_000, ceiling_ms=0, max_requeues=10, limit=1000
     ).requeued
+
+
+def _leased(frontier: Frontier, payload: bytes = b"a") -> Lease:
+    """Enqueue one request and lease it."""
+    frontier.enqueue(_requests(payload))
+    (lease,) = frontier.lease(1).leases
+    return lease
 
 
 def _requeued_back_to(
     frontier: Frontier, client: redis.Redis, keys: CrawlKeys, lease: Lease
 ) -> Lease:
     """Sweep ``lease`` back to the queue (its owner declared dead), lease it again."""
-    _declare_dead(client, keys, frontier.worker_id)
-    assert _sweep(frontier) == 1
+    assert _sweep_as_dead(frontier, client, keys) == 1
     (again,) = frontier.lease(1).leases
     assert again.key == lease.key
     assert again.token != lease.token
     return again
+
+
+@dataclass(frozen=True)
+class _Ending:
+    """One of the three ways a lease ends (ack, release, bury), run on a list of handles."""
+
+    name: str
+    #: Ends the leases behind the handles; how many it ended.
+    run: Callable[[Frontier, list[LeaseHandle]], int]
+    #: The counter in ``stats`` it bumps.
+    stat: str
+    #: (queued, inflight) once it ended a crawl's only lease.
+    counts_after: tuple[int, int]
+    #: The dead letters' reasons it leaves behind, having ended that lease.
+    letters: tuple[str, ...] = ()
+
+
+BURY_REASON = "cannot be processed"
+ENDINGS = (
+    _Ending("ack", lambda frontier, handles: frontier.ack(handles), "acked", (0, 0)),
+    _Ending("release", lambda frontier, handles: frontier.release(handles), "released", (1, 0)),
+    _Ending(
+        "bury",
+        lambda frontier, handles: sum(frontier.bury(handle, BURY_REASON) for handle in handles),
+        "dead_lettered", (0, 0), (BURY_REASON,),
+    ),
+)
+
+
+def _endings(*names: str) -> list[Any]:
+    """``ENDINGS`` (those named, if any) as parameters with readable ids."""
+    return [pytest.param(end, id=end.name) for end in ENDINGS if not names or end.name in names]
+
+
+#: An order key no request has.
+UNKNOWN_KEY = "999999999999999"
+
+
+def _assert_held(
+    client: redis.Redis, keys: CrawlKeys, lease: Lease, owner: str = "w1"
+) -> None:
+    """``lease`` is still in flight as leased (entry with owner and token, lease time,
+    owner index), and nothing is dead-lettered."""
+    entry = client.hget(keys.inflight, lease.key)
+    assert entry is not None
+    assert entry.startswith(f"{owner}\n{lease.token}\n".encode())
+    assert client.zscore(keys.leases, lease.key) is not None
+    assert client.zscore(keys.owned, f"{owner}\n{lease.key}") == 0
+    assert not client.exists(keys.dead)
+
+
+def _assert_refused_then_ended(
+    client: redis.Redis, keys: CrawlKeys, ending: _Ending, *,
+    by: Frontier, handle: LeaseHandle, holder: Frontier, lease: Lease,
+) -> None:
+    """``by``, presenting ``handle``, is refused and changes nothing; then ``holder``
+    ends ``lease`` (the crawl's only lease, its own) with the lease's handle."""
+    assert ending.run(by, [handle]) == 0
+    _assert_held(client, keys, lease, holder.worker_id)
+    assert holder.upkeep.counts() == (0, 1)
+    assert ending.stat not in _stats(client, keys)
+    assert ending.run(holder, [lease.handle]) == 1
+    assert holder.upkeep.counts() == ending.counts_after
+    assert _stats(client, keys)[ending.stat] == 1
+    assert tuple(letter.reason for letter in holder.upkeep.dead_letters()) == ending.letters
 
 
 class TestEnqueue:
@@ -215,28 +297,39 @@ class TestOrder:
         )
         assert _payloads(frontier) == [b"p10", b"p3", b"p0", b"p-5"]
 
-    def test_priority_wins_across_batches(self, frontier: Frontier) -> None:
-        frontier.enqueue([NewRequest(b"low", b"1", priority=-1)])
-        frontier.enqueue([NewRequest(b"high", b"2", priority=1)])
+    @pytest.mark.parametrize(
+        ("order", "first", "second"),
+        [
+            # Each time the batch the order alone would lease first holds the low priority.
+            pytest.param("fifo", NewRequest(b"low", b"1", priority=-1),
+                         NewRequest(b"high", b"2", priority=1), id="fifo"),
+            pytest.param("lifo", NewRequest(b"high", b"1", priority=5),
+                         NewRequest(b"low", b"2"), id="lifo"),
+        ],
+    )
+    def test_priority_wins_across_batches(
+        self, make_frontier: FrontierFactory, order: str, first: NewRequest, second: NewRequest
+    ) -> None:
+        frontier = make_frontier(order=order, concurrency=WIDE)
+        frontier.enqueue([first])
+        frontier.enqueue([second])
         assert _payloads(frontier, 1) == [b"high"]
         assert _payloads(frontier, 1) == [b"low"]
 
-    def test_fifo_among_equal_priorities(self, frontier: Frontier) -> None:
+    @pytest.mark.parametrize(
+        ("order", "expected"),
+        [
+            pytest.param("fifo", [b"a", b"b", b"c"], id="fifo"),
+            pytest.param("lifo", [b"c", b"b", b"a"], id="lifo"),
+        ],
+    )
+    def test_order_among_equal_priorities(
+        self, make_frontier: FrontierFactory, order: str, expected: list[bytes]
+    ) -> None:
+        frontier = make_frontier(order=order, concurrency=WIDE)
         frontier.enqueue(_requests(b"a", b"b"))
         frontier.enqueue(_requests(b"c"))
-        assert _payloads(frontier) == [b"a", b"b", b"c"]
-
-    def test_lifo_among_equal_priorities(self, make_frontier: FrontierFactory) -> None:
-        frontier = make_frontier(order="lifo", concurrency=WIDE)
-        frontier.enqueue(_requests(b"a", b"b"))
-        frontier.enqueue(_requests(b"c"))
-        assert _payloads(frontier) == [b"c", b"b", b"a"]
-
-    def test_lifo_still_puts_higher_priority_first(self, make_frontier: FrontierFactory) -> None:
-        frontier = make_frontier(order="lifo", concurrency=WIDE)
-        frontier.enqueue([NewRequest(b"high", b"1", priority=5)])
-        frontier.enqueue([NewRequest(b"low", b"2")])
-        assert _payloads(frontier) == [b"high", b"low"]
+        assert _payloads(frontier) == expected
 
     def test_order_survives_more_than_nine_requests(self, frontier: Frontier) -> None:
         # Order keys are zero-padded: "10" must not sort before "9".
@@ -363,41 +456,16 @@ class TestAck:
         handles = [lease.handle for lease in frontier.lease(2).leases]
         assert frontier.ack(handles) == 2
         assert frontier.upkeep.counts() == (0, 0)
-        assert not client.exists(crawl_keys.leases)
-        assert not client.exists(crawl_keys.owned)
-        assert not client.exists(crawl_keys.busy)
-        assert not client.exists(crawl_keys.backlog)
-        assert not client.exists(crawl_keys.hosts)
+        assert _existing(
+            client, crawl_keys.leases, crawl_keys.owned, crawl_keys.busy, crawl_keys.backlog,
+            crawl_keys.hosts,
+        ) == []
         assert _stats(client, crawl_keys)["acked"] == 2
 
     def test_ack_takes_handles_and_acks_with_a_rest(self, wide: Frontier) -> None:
         wide.enqueue(_requests(b"a", b"b", b"c"))
         a, b, c = wide.lease(3).leases
         assert wide.ack([a.handle, (b.key, b.token, 0), (c.key, c.token, 1)]) == 3
-
-    def test_ack_of_nothing(self, frontier: Frontier) -> None:
-        assert frontier.ack([]) == 0
-
-    def test_ack_by_another_worker_is_refused(
-        self, make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys
-    ) -> None:
-        owner, other = make_frontier("w1"), make_frontier("w2")
-        owner.enqueue(_requests(b"a"))
-        (lease,) = owner.lease(1).leases
-        assert other.ack([lease.handle]) == 0
-        assert client.hget(crawl_keys.inflight, lease.key) is not None
-        assert client.zscore(crawl_keys.leases, lease.key) is not None
-        assert client.zscore(crawl_keys.owned, f"w1\n{lease.key}") == 0
-        assert owner.ack([lease.handle]) == 1
-
-    def test_owner_whose_id_prefixes_another_cannot_ack_its_lease(
-        self, make_frontier: FrontierFactory
-    ) -> None:
-        long_id, short_id = make_frontier("w10"), make_frontier("w1")
-        long_id.enqueue(_requests(b"a"))
-        (lease,) = long_id.lease(1).leases
-        assert short_id.ack([lease.handle]) == 0
-        assert long_id.ack([lease.handle]) == 1
 
     def test_token_that_prefixes_the_real_one_cannot_ack(
         self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
@@ -412,19 +480,14 @@ class TestAck:
         assert frontier.ack([lease.handle]) == 1
 
     def test_ack_twice_counts_once(self, frontier: Frontier) -> None:
-        frontier.enqueue(_requests(b"a"))
-        (lease,) = frontier.lease(1).leases
+        lease = _leased(frontier)
         assert frontier.ack([lease.handle]) == 1
         assert frontier.ack([lease.handle]) == 0
-
-    def test_unknown_key_is_not_acked(self, frontier: Frontier) -> None:
-        assert frontier.ack([("999999999999999", "1")]) == 0
 
     def test_ack_forgets_the_requeue_count(
         self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
     ) -> None:
-        frontier.enqueue(_requests(b"a"))
-        (lease,) = frontier.lease(1).leases
+        lease = _leased(frontier)
         again = _requeued_back_to(frontier, client, crawl_keys, lease)
         assert again.requeues == 1
         assert frontier.ack([again.handle]) == 1
@@ -434,8 +497,7 @@ class TestAck:
         self, wide: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
     ) -> None:
         frontier = wide
-        frontier.enqueue(_requests(b"parent"))
-        (parent,) = frontier.lease(1).leases
+        parent = _leased(frontier, b"parent")
         result = frontier.enqueue(_requests(b"child1", b"child2", b"parent"), [parent.handle])
         assert result.statuses == "++d"
         assert result.acked == 1
@@ -445,8 +507,7 @@ class TestAck:
 
     def test_enqueue_with_refused_ack_still_enqueues(self, make_frontier: FrontierFactory) -> None:
         owner, other = make_frontier("w1"), make_frontier("w2")
-        owner.enqueue(_requests(b"parent"))
-        (parent,) = owner.lease(1).leases
+        parent = _leased(owner, b"parent")
         result = other.enqueue(_requests(b"child"), [parent.handle])
         assert (result.statuses, result.acked) == ("+", 0)
         assert owner.upkeep.counts() == (1, 1)
@@ -472,36 +533,20 @@ class TestRelease:
         queue_after = client.zrange(crawl_keys.queue, 0, -1, withscores=True)
         assert set(queue_before) <= set(queue_after)
         assert frontier.upkeep.counts() == (5, 0)
-        assert not client.exists(crawl_keys.inflight)
-        assert not client.exists(crawl_keys.leases)
-        assert not client.exists(crawl_keys.owned)
-        assert not client.exists(crawl_keys.busy)
+        assert _existing(
+            client, crawl_keys.inflight, crawl_keys.leases, crawl_keys.owned, crawl_keys.busy
+        ) == []
         assert client.hgetall(crawl_keys.backlog) == {b"": b"5"}
         assert _payloads(frontier) == [b"high", b"a", b"b", b"c", b"low"]
         assert _stats(client, crawl_keys)["released"] == 2
 
     def test_release_keeps_the_order_key(self, frontier: Frontier) -> None:
-        frontier.enqueue(_requests(b"a"))
-        (first,) = frontier.lease(1).leases
+        first = _leased(frontier)
         frontier.release([first.handle])
         (second,) = frontier.lease(1).leases
         assert (second.key, second.payload) == (first.key, first.payload)
         assert second.token != first.token
         assert second.requeues == 0, "a release is not a requeue"
-
-    def test_release_of_nothing(self, frontier: Frontier) -> None:
-        assert frontier.release([]) == 0
-
-    def test_release_of_another_workers_lease_is_refused(
-        self, make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys
-    ) -> None:
-        owner, other = make_frontier("w1"), make_frontier("w2")
-        owner.enqueue(_requests(b"a"))
-        (lease,) = owner.lease(1).leases
-        assert other.release([lease.handle]) == 0
-        assert owner.upkeep.counts() == (0, 1)
-        assert client.hget(crawl_keys.inflight, lease.key) is not None
-        assert owner.release([lease.handle, ("999999999999999", lease.token)]) == 1
 
 
 class TestBury:
@@ -516,28 +561,52 @@ class TestBury:
             b"bad\npayload", lease.key, "h.example", 4
         )
         assert frontier.upkeep.counts() == (0, 0)
-        assert not client.exists(crawl_keys.leases)
-        assert not client.exists(crawl_keys.owned)
-        assert not client.exists(crawl_keys.busy), "the lane's slot is free again"
-        assert not client.exists(crawl_keys.host_next), "nothing was fetched: no rest"
+        # No busy: the lane's slot is free again; no host_next: nothing was fetched, no rest.
+        assert _existing(
+            client, crawl_keys.leases, crawl_keys.owned, crawl_keys.busy, crawl_keys.host_next
+        ) == []
         assert _stats(client, crawl_keys)["dead_lettered"] == 1
         (letter,) = frontier.upkeep.dead_letters()
         assert (letter.field, letter.reason, letter.lane, letter.payload) == (
             lease.key, "does not decode", "h.example", b"bad\npayload",
         )
 
-    def test_bury_of_another_workers_lease_is_refused(
-        self, make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys
-    ) -> None:
-        owner, other = make_frontier("w1"), make_frontier("w2")
-        owner.enqueue(_requests(b"a"))
-        (lease,) = owner.lease(1).leases
-        assert not other.bury(lease.handle, "nope")
-        assert not client.exists(crawl_keys.dead)
-        assert owner.upkeep.counts() == (0, 1)
 
-    def test_bury_of_unknown_key(self, frontier: Frontier) -> None:
-        assert not frontier.bury(("999999999999999", "1"), "gone")
+class TestEndingALease:
+    """What ack, release and bury share: each ends only leases this worker holds."""
+
+    @pytest.mark.parametrize("ending", _endings("ack", "release"))
+    def test_ending_nothing(self, frontier: Frontier, ending: _Ending) -> None:
+        assert ending.run(frontier, []) == 0
+
+    @pytest.mark.parametrize("ending", _endings())
+    def test_unknown_key_is_skipped(
+        self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys, ending: _Ending
+    ) -> None:
+        lease = _leased(frontier)
+        assert ending.run(frontier, [(UNKNOWN_KEY, lease.token)]) == 0
+        _assert_held(client, crawl_keys, lease)
+        assert ending.run(frontier, [lease.handle, (UNKNOWN_KEY, lease.token)]) == 1
+        assert frontier.upkeep.counts() == ending.counts_after
+
+    @pytest.mark.parametrize("ending", _endings())
+    @pytest.mark.parametrize(
+        "worker_ids",  # (owner, other)
+        [
+            pytest.param(("w1", "w2"), id="other-worker"),
+            pytest.param(("w10", "w1"), id="id-prefixing-the-owners"),
+        ],
+    )
+    def test_another_worker_with_the_right_token_is_refused(
+        self, make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys,
+        ending: _Ending, worker_ids: tuple[str, str],
+    ) -> None:
+        owner_id, other_id = worker_ids
+        owner, other = make_frontier(owner_id), make_frontier(other_id)
+        lease = _leased(owner)
+        _assert_refused_then_ended(
+            client, crawl_keys, ending, by=other, handle=lease.handle, holder=owner, lease=lease
+        )
 
 
 class TestFencing:
@@ -548,83 +617,36 @@ class TestFencing:
     request again. Only the newest lease may ack, release or bury it.
     """
 
-    def test_stale_token_of_the_same_worker_cannot_ack_the_new_lease(
-        self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
+    @pytest.mark.parametrize("ending", _endings())
+    def test_stale_token_of_the_same_worker_cannot_end_the_new_lease(
+        self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys, ending: _Ending
     ) -> None:
-        frontier.enqueue(_requests(b"a"))
-        (old,) = frontier.lease(1).leases
+        old = _leased(frontier)
         new = _requeued_back_to(frontier, client, crawl_keys, old)
         assert new.requeues == 1
-
-        assert frontier.ack([old.handle]) == 0
-        assert frontier.upkeep.counts() == (0, 1)
-        entry = client.hget(crawl_keys.inflight, new.key)
-        assert entry is not None
-        assert entry.startswith(f"w1\n{new.token}\n".encode())
-        assert client.zscore(crawl_keys.leases, new.key) is not None
-        assert client.zscore(crawl_keys.owned, f"w1\n{new.key}") == 0
-        assert frontier.ack([new.handle]) == 1
-        assert frontier.upkeep.counts() == (0, 0)
+        _assert_refused_then_ended(
+            client, crawl_keys, ending, by=frontier, handle=old.handle, holder=frontier, lease=new
+        )
 
     def test_stale_ack_sent_with_children_still_queues_them(
         self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
     ) -> None:
-        frontier.enqueue(_requests(b"parent"))
-        (old,) = frontier.lease(1).leases
+        old = _leased(frontier, b"parent")
         new = _requeued_back_to(frontier, client, crawl_keys, old)
         result = frontier.enqueue(_requests(b"child"), [old.handle])
         assert (result.statuses, result.acked) == ("+", 0)
         assert frontier.upkeep.counts() == (1, 1)
         assert frontier.ack([new.handle]) == 1
 
-    def test_stale_token_cannot_release_the_new_lease(
-        self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
-    ) -> None:
-        frontier.enqueue(_requests(b"a"))
-        (old,) = frontier.lease(1).leases
-        new = _requeued_back_to(frontier, client, crawl_keys, old)
-        assert frontier.release([old.handle]) == 0
-        assert frontier.upkeep.counts() == (0, 1)
-        assert client.hget(crawl_keys.inflight, new.key) is not None
-        assert "released" not in _stats(client, crawl_keys)
-        assert frontier.release([new.handle]) == 1
-        assert frontier.upkeep.counts() == (1, 0)
-
-    def test_stale_token_cannot_bury_the_new_lease(
-        self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
-    ) -> None:
-        frontier.enqueue(_requests(b"a"))
-        (old,) = frontier.lease(1).leases
-        new = _requeued_back_to(frontier, client, crawl_keys, old)
-        assert not frontier.bury(old.handle, "stale")
-        assert not client.exists(crawl_keys.dead)
-        assert frontier.upkeep.counts() == (0, 1)
-        assert frontier.bury(new.handle, "fresh")
-        assert frontier.upkeep.dead_letters()[0].reason == "fresh"
-
     def test_old_token_is_refused_while_the_request_waits_in_the_queue(
         self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
     ) -> None:
-        frontier.enqueue(_requests(b"a"))
-        (old,) = frontier.lease(1).leases
-        _declare_dead(client, crawl_keys, "w1")
-        assert _sweep(frontier) == 1
-        assert frontier.ack([old.handle]) == 0
-        assert frontier.release([old.handle]) == 0
-        assert not frontier.bury(old.handle, "stale")
+        old = _leased(frontier)
+        assert _sweep_as_dead(frontier, client, crawl_keys) == 1
+        for ending in ENDINGS:
+            assert ending.run(frontier, [old.handle]) == 0, ending.name
         assert frontier.upkeep.counts() == (1, 0)
         assert not client.exists(crawl_keys.dead)
-
-    def test_another_worker_with_the_right_token_is_refused(
-        self, make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys
-    ) -> None:
-        owner, other = make_frontier("w1"), make_frontier("w2")
-        owner.enqueue(_requests(b"a"))
-        (lease,) = owner.lease(1).leases
-        assert other.ack([lease.handle]) == 0
-        assert other.release([lease.handle]) == 0
-        assert not other.bury(lease.handle, "not yours")
-        assert owner.upkeep.counts() == (0, 1)
 
 
 class TestWorkers:
@@ -642,14 +664,26 @@ class TestWorkers:
         # Registering again does not count oneself.
         assert make_frontier("w3").register(flush=False, alive_ms=ALIVE_MS) == (False, 2)
 
+    @pytest.mark.parametrize(
+        "returning",
+        [
+            pytest.param(False, id="newcomer"),
+            # A worker re-registering under its old id, with an old heartbeat: the peer
+            # must still count.
+            pytest.param(True, id="own-stale-heartbeat"),
+        ],
+    )
     def test_flush_is_refused_while_another_worker_is_alive(
-        self, make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys
+        self, make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys,
+        returning: bool,
     ) -> None:
-        peer = make_frontier("w1")
+        peer = make_frontier("peer")
         peer.register(flush=False, alive_ms=ALIVE_MS)
         peer.enqueue(_requests(b"a", b"b"))
         peer.lease(1)
-        late = make_frontier("w2")
+        if returning:
+            _declare_dead(client, crawl_keys, "late")
+        late = make_frontier("late")
         assert late.register(flush=True, alive_ms=ALIVE_MS) == (False, 1)
         assert peer.upkeep.counts() == (1, 1)
         assert client.scard(crawl_keys.seen) == 2
@@ -660,24 +694,10 @@ class TestWorkers:
         old = make_frontier("w1")
         old.enqueue(_requests(b"a", b"b"))
         old.lease(1)
-        client.zadd(crawl_keys.workers, {"dead-worker": 1})  # heartbeat in 1970
+        _declare_dead(client, crawl_keys, "dead-worker")
         assert make_frontier("w2").register(flush=True, alive_ms=ALIVE_MS) == (True, 0)
-        for key in crawl_keys.all_crawl_keys():
-            if key != crawl_keys.workers:
-                assert not client.exists(key), key
+        assert _existing(client, *crawl_keys.all_crawl_keys()) == [crawl_keys.workers]
         assert client.zrange(crawl_keys.workers, 0, -1) == [b"w2"]
-
-    def test_own_stale_heartbeat_does_not_hide_a_live_peer(
-        self, make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys
-    ) -> None:
-        # A worker re-registering under its old id, with an old heartbeat, while a
-        # peer is alive: the peer must still count, and block the flush.
-        peer = make_frontier("peer")
-        peer.register(flush=False, alive_ms=ALIVE_MS)
-        peer.enqueue(_requests(b"a"))
-        client.zadd(crawl_keys.workers, {"w1": 1})
-        assert make_frontier("w1").register(flush=True, alive_ms=ALIVE_MS) == (False, 1)
-        assert peer.upkeep.counts() == (1, 0)
 
     def test_register_without_flush_keeps_everything(
         self, frontier: Frontier
@@ -691,7 +711,7 @@ class TestWorkers:
     ) -> None:
         frontier.register(flush=False, alive_ms=ALIVE_MS)
         assert frontier.heartbeat() is True
-        client.zadd(crawl_keys.workers, {"w1": 1})
+        _declare_dead(client, crawl_keys, "w1")
         assert frontier.heartbeat() is False, "silent for ages: it may have been swept"
         stamped = client.zscore(crawl_keys.workers, "w1")
         assert stamped is not None
@@ -708,16 +728,17 @@ class TestWorkers:
 
 
 class TestPurge:
-    def test_purge_refused_while_queued(self, frontier: Frontier) -> None:
+    @pytest.mark.parametrize(
+        ("leased", "counts"),
+        [pytest.param(0, (1, 0), id="queued"), pytest.param(1, (0, 1), id="in-flight")],
+    )
+    def test_purge_refused_while_a_request_is_left(
+        self, frontier: Frontier, leased: int, counts: tuple[int, int]
+    ) -> None:
         frontier.enqueue(_requests(b"a"))
+        frontier.lease(leased)
         assert not frontier.upkeep.purge_if_done()
-        assert frontier.upkeep.counts() == (1, 0)
-
-    def test_purge_refused_while_in_flight(self, frontier: Frontier) -> None:
-        frontier.enqueue(_requests(b"a"))
-        frontier.lease(1)
-        assert not frontier.upkeep.purge_if_done()
-        assert frontier.upkeep.counts() == (0, 1)
+        assert frontier.upkeep.counts() == counts
 
     def test_purge_when_done_deletes_every_crawl_key(
         self, wide: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
@@ -731,8 +752,7 @@ class TestPurge:
         assert frontier.ack([(lease.key, lease.token, 5_000) for lease in leases[1:]]) == 2
         assert client.exists(crawl_keys.host_next)
         assert frontier.upkeep.purge_if_done()
-        for key in crawl_keys.all_crawl_keys():
-            assert not client.exists(key), key
+        assert _existing(client, *crawl_keys.all_crawl_keys()) == []
 
     def test_purge_leaves_other_crawls_alone(
         self, frontier: Frontier, client: redis.Redis
@@ -764,16 +784,16 @@ class TestRobustness:
         frontier.set_crawl_delay("", 1.0)
         leases = frontier.lease(2).leases
         assert frontier.bury(leases[0].handle, "bad")
-        _declare_dead(client, crawl_keys, "w1")
-        assert _sweep(frontier) == 1
+        assert _sweep_as_dead(frontier, client, crawl_keys) == 1
         frontier.lease(1)
         later = frontier.lease(1).leases[0]
         assert frontier.ack([(later.key, later.token, 60_000)]) == 1  # a rest: host_next
-        for name in (
-            "dead", "requeues", "owned", "inflight", "leases", "queue",
-            "hosts", "busy", "backlog", "host_next", "host_delay",
-        ):
-            assert client.exists(getattr(crawl_keys, name)), name
+        used = (
+            crawl_keys.dead, crawl_keys.requeues, crawl_keys.owned, crawl_keys.inflight,
+            crawl_keys.leases, crawl_keys.queue, crawl_keys.hosts, crawl_keys.busy,
+            crawl_keys.backlog, crawl_keys.host_next, crawl_keys.host_delay,
+        )
+        assert _existing(client, *used) == list(used)
         frontier.upkeep.check_key_types()
 
     @pytest.mark.parametrize(
@@ -867,8 +887,7 @@ class TestRobustness:
         assert frontier.release([lease.handle for lease in leased]) == len(payloads)
         leased = frontier.lease(100).leases
         assert [lease.payload for lease in leased] == payloads[::-1]
-        _declare_dead(client, crawl_keys, "w1")
-        assert _sweep(frontier) == len(payloads)
+        assert _sweep_as_dead(frontier, client, crawl_keys) == len(payloads)
         leased = frontier.lease(100).leases
         assert [lease.payload for lease in leased] == payloads[::-1]
         assert frontier.bury(leased[0].handle, "reason")
