@@ -5,9 +5,12 @@ Scrapy has no public hook for "the engine is done with this request" (Scrapy iss
 removes it with ``_slot.remove_request(request)`` only after the scraper has fully
 processed the response or failure: callback/errback output consumed, the requests it
 yielded already passed to the scheduler. That call is exactly the moment a lease may
-be acked, so we wrap it. Waking the engine when work appears in Redis uses
-``_slot.nextcall.schedule()``; closing it from the scheduler (a drain order) uses
-the engine's close call, which changed between Scrapy versions.
+be acked, so we wrap it. ``engine._start`` is the spider's start iterator until it
+is exhausted: while it is, the fleet must not finish. Waking the engine when work
+appears in Redis uses ``_slot.nextcall.schedule()``; closing it from the scheduler
+(a drain order) uses the engine's close call, which changed between Scrapy
+versions; a crawl whose work is not done exits non-zero by Scrapy's own rule for a
+crawler without a spider (:meth:`EngineHooks.mark_failed`).
 
 The scheduler sees all of this through :class:`EnginePort` only.
 
@@ -50,7 +53,10 @@ def check_engine(crawler: Crawler) -> None:
             problems.append("engine._slot.remove_request() is missing")
         if not callable(getattr(getattr(slot, "nextcall", None), "schedule", None)):
             problems.append("engine._slot.nextcall.schedule() is missing")
-    downloader = getattr(getattr(crawler, "engine", None), "downloader", None)
+    engine = getattr(crawler, "engine", None)
+    if not hasattr(engine, "_start"):
+        problems.append("engine._start (the start requests in progress) is missing")
+    downloader = getattr(engine, "downloader", None)
     if not isinstance(getattr(downloader, "active", None), set):
         problems.append("engine.downloader.active is not a set")
     if problems:
@@ -80,8 +86,15 @@ class EnginePort(Protocol):
     def free_download_slots(self) -> int:
         """How many more requests the downloader would take now."""
 
+    def starting(self) -> bool:
+        """Is the spider still producing start requests?"""
+
     def close_spider(self, reason: str) -> None:
         """Ask the engine to close the spider with ``reason``."""
+
+    def mark_failed(self) -> None:
+        """Make the process exit non-zero once the engine stopped: the crawl's work
+        is not done (or was lost), whatever the close reason says to Scrapy."""
 
 
 class EngineHooks:
@@ -95,6 +108,7 @@ class EngineHooks:
         self._crawler = crawler
         self._slot: Any = None
         self._original_remove: Callable[[Request], None] | None = None
+        self._failed = False
 
     def attach(self, on_request_done: Callable[[Request], None]) -> None:
         """Call ``on_request_done(request)`` just before the engine forgets a request.
@@ -129,6 +143,25 @@ class EngineHooks:
         downloader = self._crawler.engine.downloader  # type: ignore[union-attr]
         total = int(getattr(downloader, "total_concurrency", 0) or 0)
         return max(total - len(downloader.active), 0) if total else 1
+
+    def mark_failed(self) -> None:
+        """Scrapy's ``crawl``/``runspider`` commands exit with 1 when a crawler ends
+        without a spider (their sign of a crawl that failed to start); the spider is
+        dropped from the crawler once the engine stopped, when nothing needs it."""
+        if not self._failed:
+            self._failed = True
+            from scrapy import signals as scrapy_signals
+
+            self._crawler.signals.connect(
+                self._drop_spider, signal=scrapy_signals.engine_stopped, weak=False
+            )
+
+    def _drop_spider(self) -> None:
+        self._crawler.spider = None  # type: ignore[assignment]
+
+    def starting(self) -> bool:
+        """``engine._start``: the spider's start iterator until it is exhausted."""
+        return getattr(self._crawler.engine, "_start", None) is not None
 
     def close_spider(self, reason: str) -> None:
         """The engine's close call differs across Scrapy versions."""

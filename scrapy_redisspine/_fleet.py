@@ -19,6 +19,7 @@ import redis
 
 from scrapy_redisspine._clock import Periodic
 from scrapy_redisspine.control import Orders, read_orders
+from scrapy_redisspine.frontier import Heartbeat
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -55,13 +56,19 @@ class FleetMember:
         worker_timeout_ms: int,
         wake: Callable[[], None],
         flush: Callable[[], bool],
+        crawl_gone: Callable[[Heartbeat], None],
     ) -> None:
         """``wake()`` asks for a lease soon; ``flush()`` sends what the worker holds
-        for Redis (False: it could not), before a count."""
+        for Redis (False: it could not), before a count; ``crawl_gone(heartbeat)``
+        is told when the crawl this worker joined is not in Redis any more."""
         self._frontier = frontier
         self._guard = guard
         self._book = book
         self._flush = flush
+        self._crawl_gone = crawl_gone
+        self.gone = False
+        self._said_waiting = False
+        self._start_noted = False
         self._engine = engine
         self._stats = stats
         self._clock = clock
@@ -88,40 +95,83 @@ class FleetMember:
     # -- the fleet's counts -------------------------------------------------------------
 
     def counted(self, queued: int, inflight: int) -> None:
-        """Redis just reported these counts (a lease reply or a count)."""
+        """A lease reply's counts. Work left is news enough; none left is not: only a
+        full count (:meth:`refresh_counts`) may say the crawl is done."""
         self.queued, self.inflight = queued, inflight
-        self.pending = queued + inflight > 0
-        self.checked_at = self._clock.seconds()
+        if queued + inflight > 0:
+            self.pending = True
+            self.checked_at = self._clock.seconds()
 
     def work_added(self) -> None:
         """This worker's send went in: the crawl is not done, whatever was counted."""
         self.pending = True
 
     def refresh_counts(self) -> None:
-        """Count again (acks and requests waiting here go first, so the count holds)."""
-        if not self._flush() or not self._guard.available("count"):
+        """Count again (acks and requests waiting here go first, so the count holds):
+        the crawl is done when nothing is queued or in flight, no live worker is
+        still producing start requests, and it ever had work; and it is the crawl
+        this worker joined."""
+        if self.gone or not self._flush() or not self._guard.available("count"):
             return
         try:
-            queued, inflight = self._frontier.upkeep.counts()
+            self._note_start_done()
+            counts = self._frontier.fleet_counts(self._timeout_ms)
         except redis.RedisError as exc:
             self._guard.failed("count", exc)
             return
         self._guard.succeeded("count")
-        self.counted(queued, inflight)
+        if counts.status != "ok":
+            self._gone(Heartbeat(counts.status))
+            return
+        self.queued, self.inflight = counts.queued, counts.inflight
+        self.pending = counts.pending
+        self.checked_at = self._clock.seconds()
+        if not counts.ever and not self._said_waiting:
+            self._said_waiting = True
+            logger.info(
+                "redisspine: crawl %r has had no request queued yet: waiting for its "
+                "first one (start requests of a worker, or `redisspine seed`)",
+                self._frontier.keys.crawl_id,
+            )
+
+    def _starting(self) -> bool:
+        return self._engine is not None and self._engine.starting()
+
+    def _note_start_done(self) -> None:
+        """Once this worker's start requests are all in, stop holding the fleet open."""
+        if self._start_noted or self._starting():
+            return
+        self._frontier.done_starting()
+        self._start_noted = True
+
+    def _gone(self, beat: Heartbeat) -> None:
+        self.gone = True
+        self._crawl_gone(beat)
 
     # -- heartbeat, orders, fencing -------------------------------------------------------
 
     def heartbeat(self) -> None:
-        if not self._guard.available("heartbeat"):
+        if self.gone or not self._guard.available("heartbeat"):
             return
         try:
-            known = self._frontier.heartbeat(self._timeout_ms)
+            starting = self._starting()
+            beat = self._frontier.heartbeat(starting)
         except redis.RedisError as exc:
             self._guard.failed("heartbeat", exc)
             return
         self._guard.succeeded("heartbeat")
-        if not known:
+        if beat.crawl_gone:
+            self._gone(beat)
+            return
+        self._start_noted = not starting
+        if beat.status == "swept":
             self._fenced()
+        elif beat.late_ms > self._timeout_ms:
+            logger.info(
+                "redisspine: this worker's heartbeat came %.0f s late (over the %.0f s "
+                "timeout), but no sweep took its leases", beat.late_ms / 1000,
+                self._timeout_ms / 1000,
+            )
         self._follow_orders()
 
     def _follow_orders(self) -> None:
@@ -145,8 +195,8 @@ class FleetMember:
         """Another worker's sweep took this one for dead and requeued its leases."""
         self._stats.inc_value("redisspine/scheduler/presumed_dead")
         logger.warning(
-            "redisspine: this worker was presumed dead (no heartbeat for over %.0f s) and "
-            "its leases were requeued; dropping %d unstarted lease(s), acks of the "
+            "redisspine: this worker was presumed dead (no heartbeat for over %.0f s): a "
+            "sweep requeued its leases; dropping %d unstarted lease(s), acks of the "
             "requests in progress will be refused", self._timeout_ms / 1000, self._book.ready,
         )
         # Leases taken after the sweep are still valid: hand them back (release is

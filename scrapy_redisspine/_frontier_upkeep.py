@@ -44,6 +44,8 @@ EXPECTED_TYPES = {
     "control": b"hash",
     "fleet_stats": b"hash",
     "progress": b"zset",
+    "record": b"hash",
+    "starting": b"zset",
 }
 
 
@@ -193,12 +195,21 @@ class FrontierUpkeep:
         """Add a rate sample (this worker's and the fleet's acks) to ``progress``."""
         record_progress(self.client, self.keys, self.worker_id, worker_acks, fleet_acks)
 
-    def purge_if_done(self) -> bool:
-        """Delete the crawl's keys if nothing is queued or in flight."""
-        k = self.keys
+    def purge(self) -> int:
+        """Delete every key of the crawl, whatever it holds, leaving a tombstone in
+        its record (workers still on it learn it was purged); keys deleted."""
+        named = self._scripts.keys("purge")
+        rest = [key for key in self.keys.all_crawl_keys() if key not in named]
+        deleted = int(self._scripts.run("purge", [], rest))
+        self.client.srem(self.keys.crawls, self.keys.crawl_id)  # outside the crawl's slot
+        return deleted
+
+    def purge_if_done(self, epoch: str = "", alive_ms: int = 30_000) -> bool:
+        """Delete the crawl's keys if it is done (see ``scripts/purge_if_done.lua``);
+        True when nothing of it is left (other live workers keep its record)."""
         named = self._scripts.keys("purge_if_done")
-        rest = [key for key in k.all_crawl_keys() if key not in named]
-        purged = bool(self._scripts.run("purge_if_done", [], rest))
-        if purged:  # a separate command: the registry lies outside the crawl's slot
-            self.client.srem(k.crawls, k.crawl_id)
-        return purged
+        rest = [key for key in self.keys.all_crawl_keys() if key not in named]
+        purged = int(self._scripts.run("purge_if_done", [self.worker_id, epoch, alive_ms], rest))
+        if purged == 2:  # a separate command: the registry lies outside the crawl's slot
+            self.client.srem(self.keys.crawls, self.keys.crawl_id)
+        return purged == 2

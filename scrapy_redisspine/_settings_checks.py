@@ -71,6 +71,32 @@ def as_optional_str(name: str, value: Any) -> str | None:
     return value
 
 
+#: URL schemes redis-py connects to (``unix://`` is a socket path).
+REDIS_URL_SCHEMES = ("redis", "rediss", "unix")
+
+
+def as_redis_url(name: str, value: Any) -> str | None:
+    """A Redis URL whose scheme redis-py knows; the error masks any password."""
+    url = as_optional_str(name, value)
+    if url is None:
+        return None
+    scheme, separator, _ = url.partition("://")
+    if not separator or scheme.lower() not in REDIS_URL_SCHEMES:
+        *first, last = (f"{known}://" for known in REDIS_URL_SCHEMES)
+        raise ConfigError(
+            f"{name} must be a {', '.join(first)} or {last} URL, got {_masked(url)!r}"
+        )
+    return url
+
+
+def _masked(url: str) -> str:
+    scheme, separator, rest = url.partition("://")
+    userinfo, at, host = rest.partition("@")
+    if at and ":" in userinfo:
+        rest = f"{userinfo.split(':', 1)[0]}:***@{host}"
+    return f"{scheme}{separator}{rest}"
+
+
 def _split_commas(value: Any) -> Any:
     """A comma-separated string as its parts; anything else as it is."""
     if isinstance(value, str):

@@ -11,7 +11,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from scrapy.crawler import Crawler
     from scrapy.settings import Settings
+
+    from scrapy_redisspine.settings import SpineConfig
 
 
 class Addon:
@@ -29,3 +32,30 @@ class Addon:
         settings.setdefault_in_component_priority_dict("EXTENSIONS", FleetLog, 510)
         # After RetryMiddleware (550) on the way in: sees 429/503 before it retries.
         settings.setdefault_in_component_priority_dict("DOWNLOADER_MIDDLEWARES", Politeness, 560)
+
+
+def component_config(crawler: Crawler) -> SpineConfig:
+    """The config of the plugin's extensions and middleware.
+
+    A bad setting is the scheduler's to report: it logs one line naming it and the
+    worker closes, so beside it these components just stay off (quietly: Scrapy
+    would log each of them too). Beside another scheduler they say why they are off.
+    """
+    from scrapy.exceptions import NotConfigured
+    from scrapy.utils.misc import load_object
+
+    from scrapy_redisspine.settings import ConfigError, load_config
+
+    try:
+        return load_config(crawler.settings)
+    except ConfigError as exc:
+        from scrapy_redisspine.scheduler import Scheduler
+
+        scheduler = crawler.settings.get("SCHEDULER")
+        try:
+            ours = isinstance(load_object(scheduler), type) and issubclass(
+                load_object(scheduler), Scheduler
+            )
+        except (ImportError, NameError, ValueError, TypeError):
+            ours = False
+        raise NotConfigured() if ours else NotConfigured(f"redisspine: {exc}") from None

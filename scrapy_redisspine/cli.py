@@ -209,8 +209,7 @@ def cmd_purge(ctx: Context, args: argparse.Namespace) -> int:
         if answer.strip().lower() not in ("y", "yes"):
             print("not purged")
             return EXIT_PARTIAL
-    deleted = ctx.client.unlink(*keys.all_crawl_keys())
-    ctx.client.srem(keys.crawls, keys.crawl_id)
+    deleted = ctx.frontier(keys).upkeep.purge()
     print(f"purged crawl {args.crawl!r}: {deleted} key(s) deleted")
     return 0
 

@@ -40,14 +40,16 @@ from scrapy.exceptions import NotConfigured
 
 from scrapy_redisspine import signals
 from scrapy_redisspine._clock import Clock, Periodic, ReactorClock
+from scrapy_redisspine.addon import component_config
 from scrapy_redisspine.control import StatsPusher
-from scrapy_redisspine.settings import SpineConfig, load_config
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from scrapy.crawler import Crawler
     from scrapy.statscollectors import StatsCollector
+
+    from scrapy_redisspine.settings import SpineConfig
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +72,7 @@ class Recovery:
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Recovery:
-        config = load_config(crawler.settings)
+        config = component_config(crawler)
         if config.sweep_seconds <= 0:
             raise NotConfigured("REDISSPINE_SWEEP_SECONDS is 0: this worker does not sweep")
         extension = cls(config, crawler.stats)
@@ -196,7 +198,7 @@ class FleetLog:
         interval = crawler.settings.getfloat("LOGSTATS_INTERVAL")
         if interval <= 0:
             raise NotConfigured("LOGSTATS_INTERVAL is 0")
-        extension = cls(load_config(crawler.settings), crawler.stats, interval)
+        extension = cls(component_config(crawler), crawler.stats, interval)
         crawler.signals.connect(extension.worker_opened, signal=signals.worker_opened)
         crawler.signals.connect(extension.worker_closing, signal=signals.worker_closing)
         return extension

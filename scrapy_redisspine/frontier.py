@@ -16,7 +16,8 @@ member format in ``members``. Both are re-exported here.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+import secrets
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import redis
@@ -43,8 +44,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "EXPECTED_TYPES", "ORDER_KEY_LENGTH", "PRIORITY_KEY_LENGTH", "Ack", "CorruptKeyError",
-    "DeadLetter", "EnqueueResult", "Frontier", "Lease", "LeaseBatch", "LeaseHandle",
-    "NewRequest", "SweepResult", "priority_key", "split_member",
+    "DeadLetter", "EnqueueResult", "FleetCounts", "Frontier", "Heartbeat", "Lease", "LeaseBatch",
+    "LeaseHandle", "NewRequest", "Registration", "SweepResult", "priority_key",
+    "split_member",
 ]
 
 
@@ -95,6 +97,79 @@ class Lease:
 LeaseHandle = tuple[str, str]
 #: (order key, fencing token, rest of its lane in ms): what an ack presents.
 Ack = tuple[str, str, int]
+
+
+@dataclass(frozen=True)
+class Registration:
+    """What ``register`` learned of the crawl (see ``scripts/register.lua``).
+
+    ``status``: ``created``, ``joined``, ``finished`` (the crawl finished at
+    ``finished_ms`` with ``acked`` requests done; nothing is queued) or ``conflict``
+    (the crawl belongs to ``spider``, another spider: nothing was written).
+    """
+
+    flushed: bool
+    alive: int
+    status: str
+    epoch: str
+    spider: str = ""
+    finished_ms: int = 0
+    acked: int = 0
+
+    @classmethod
+    def from_reply(cls, reply: Any) -> Registration:
+        flushed, alive, status, epoch, detail = reply
+        status, detail = _text(status), _text(detail)
+        registration = cls(bool(flushed), int(alive), status, _text(epoch))
+        if status == "conflict":
+            return replace(registration, spider=detail)
+        if status == "finished":
+            finished_ms, _, acked = detail.partition(" ")
+            return replace(registration, finished_ms=_int(finished_ms), acked=_int(acked))
+        return registration
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """A heartbeat's answer (``scripts/heartbeat.lua``): ``status`` is ``ok``,
+    ``swept`` (a sweep took this worker for dead), ``lost``, ``purged`` or ``changed``
+    (the crawl's state is gone); ``late_ms``: since the previous heartbeat."""
+
+    status: str
+    late_ms: int = 0
+
+    @property
+    def crawl_gone(self) -> bool:
+        return self.status in ("lost", "purged", "changed")
+
+
+@dataclass(frozen=True)
+class FleetCounts:
+    """``scripts/fleet_counts.lua``: the crawl's status (as ``Heartbeat.status``),
+    requests queued and in flight, live workers still producing start requests, and
+    whether any request was ever queued."""
+
+    status: str
+    queued: int
+    inflight: int
+    starting: int
+    ever: bool
+
+    @property
+    def pending(self) -> bool:
+        """Is there, or may there still be, work for the fleet?"""
+        return bool(self.queued or self.inflight or self.starting or not self.ever)
+
+
+def _text(value: Any) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        return 0
 
 
 @dataclass(frozen=True)
@@ -166,34 +241,60 @@ class Frontier:
         self.order = order
         self.concurrency = concurrency
         self.backlog_cap = backlog_cap
+        self.epoch = ""  # the crawl's identity, learned at register()
         # Every script's KEYS, built once from its header (scripts/__init__.py).
         self._scripts = ScriptSet(client, keys)
         self.upkeep = FrontierUpkeep(
             client, keys, worker_id, concurrency=concurrency, scripts=self._scripts
         )
 
-    def register(self, *, flush: bool, alive_ms: int) -> tuple[bool, int]:
+    def register(self, *, flush: bool, alive_ms: int, spider: str = "") -> Registration:
         """Announce this worker; flush first if asked and no other worker is alive.
 
-        Returns (flushed, number of other live workers).
+        Learns the crawl's epoch (``self.epoch``), creating the crawl record if there
+        is none. A crawl of another spider is refused (``status == "conflict"``)
+        with nothing written.
         """
         named = self._scripts.keys("register")
         others = [key for key in self.keys.all_crawl_keys() if key not in named]
-        flushed, alive = self._scripts.run(
-            "register", [self.worker_id, "1" if flush else "0", alive_ms], others
+        reply = self._scripts.run(
+            "register",
+            [self.worker_id, "1" if flush else "0", alive_ms, spider, secrets.token_hex(8)],
+            others,
         )
+        registration = Registration.from_reply(reply)
+        if registration.status == "conflict":
+            return registration
+        self.epoch = registration.epoch
         # SADD is idempotent: no membership check first. A full Redis refuses it; the
         # registry of crawl ids can wait.
         with contextlib.suppress(redis.exceptions.OutOfMemoryError):
             self.client.sadd(self.keys.crawls, self.keys.crawl_id)
-        return bool(flushed), int(alive)
+        return registration
 
-    def heartbeat(self, timeout_ms: int = 30_000) -> bool:
-        """Stamp this worker alive; False if it was silent past ``timeout_ms`` (a sweep
-        may have requeued some or all of its leases meanwhile)."""
-        return bool(
-            self._scripts.run("heartbeat", [self.worker_id, timeout_ms])
+    def heartbeat(self, starting: bool = False) -> Heartbeat:
+        """Stamp this worker alive (and still producing start requests, if
+        ``starting``), and check that its crawl is still in Redis."""
+        status, late_ms = self._scripts.run(
+            "heartbeat", [self.worker_id, self.epoch, "1" if starting else "0"]
         )
+        return Heartbeat(_text(status), int(late_ms))
+
+    def done_starting(self) -> None:
+        """This worker's start requests are all in: it no longer holds the fleet open."""
+        self.client.zrem(self.keys.starting, self.worker_id)
+
+    def fleet_counts(self, alive_ms: int) -> FleetCounts:
+        """Everything that decides whether the crawl is finished, read atomically."""
+        status, queued, inflight, starting, ever = self._scripts.run(
+            "fleet_counts", [self.epoch, alive_ms]
+        )
+        return FleetCounts(_text(status), int(queued), int(inflight), int(starting),
+                           bool(ever))
+
+    def mark_finished(self) -> bool:
+        """Note in the crawl record that the crawl finished (if nothing is left)."""
+        return bool(self._scripts.run("mark_finished", [self.epoch]))
 
     def leave(self) -> None:
         self.client.zrem(self.keys.workers, self.worker_id)

@@ -30,6 +30,8 @@ key                        type    written by                      lifetime
 ``P:{C}:control``          HASH    ``redisspine`` CLI              until resumed/purged
 ``P:{C}:fleet_stats``      HASH    workers (Recovery extension)    whole crawl
 ``P:{C}:progress``         ZSET    workers (Recovery extension)    last 5 minutes
+``P:{C}:record``           HASH    register, mark_finished, purge  whole crawl
+``P:{C}:starting``         ZSET    register, heartbeat             while start() runs
 ``P:crawls``               SET     register (script)               until purged
 =========================  ======  ==============================  =====================
 
@@ -69,6 +71,14 @@ key                        type    written by                      lifetime
 - ``progress``: samples for rates; score = Redis time (ms), member =
   ``ms:worker id:worker acks:fleet acks``; each sweep adds one and trims what is
   older than five minutes.
+- ``record``: the crawl's identity: ``epoch`` (random, written by the worker that
+  created the crawl), ``spider`` (its spider's name), ``created_ms``, and
+  ``finished_ms`` once a worker closed it finished. Every worker presents the epoch
+  at each heartbeat, so a crawl whose state vanished (Redis restarted empty,
+  flushed) is noticed. ``redisspine purge`` leaves only ``purged_ms`` (a tombstone),
+  so running workers learn that it was a purge.
+- ``starting``: worker id -> last heartbeat (ms) of each worker whose spider still
+  produces start requests; the crawl is not finished while a live one is listed.
 - ``P:crawls`` is the one key outside a crawl's hash tag: the set of crawl ids on this
   Redis, so tools can list crawls without ``KEYS``. Only ``register`` writes it, as a
   separate command (never inside a multi-key script).
@@ -186,6 +196,14 @@ class CrawlKeys:
         return self._key("progress")
 
     @property
+    def record(self) -> str:
+        return self._key("record")
+
+    @property
+    def starting(self) -> str:
+        return self._key("starting")
+
+    @property
     def crawls(self) -> str:
         """The registry of crawl ids: shared by all crawls under this prefix."""
         return f"{self.prefix}:crawls"
@@ -214,4 +232,6 @@ class CrawlKeys:
             self.control,
             self.fleet_stats,
             self.progress,
+            self.record,
+            self.starting,
         )

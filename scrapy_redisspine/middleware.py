@@ -22,12 +22,14 @@ from typing import TYPE_CHECKING, Any
 from scrapy import signals as scrapy_signals
 
 from scrapy_redisspine import signals
-from scrapy_redisspine.settings import SpineConfig, load_config
+from scrapy_redisspine.addon import component_config
 
 if TYPE_CHECKING:
     from scrapy import Request
     from scrapy.crawler import Crawler
     from scrapy.http import Response
+
+    from scrapy_redisspine.settings import SpineConfig
 
 
 logger = logging.getLogger(__name__)
@@ -62,7 +64,7 @@ class Politeness:
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Politeness:
-        middleware = cls(load_config(crawler.settings),
+        middleware = cls(component_config(crawler),
                          crawler.settings.get("ROBOTSTXT_USER_AGENT")
                          or crawler.settings.get("USER_AGENT") or "*")
         crawler.signals.connect(middleware.worker_opened, signal=signals.worker_opened)

@@ -28,12 +28,14 @@ reports no pending requests when that holds and its own buffers are empty.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from typing import TYPE_CHECKING
 
 import redis
 from scrapy.core.scheduler import BaseScheduler
+from scrapy.dupefilters import BaseDupeFilter
 
 from scrapy_redisspine import signals
 from scrapy_redisspine._clock import Clock, Periodic, ReactorClock
@@ -41,26 +43,43 @@ from scrapy_redisspine._engine import EngineHooks, EnginePort
 from scrapy_redisspine._fleet import FleetMember
 from scrapy_redisspine._guard import RedisGuard
 from scrapy_redisspine._host_policy import HostPolicy
+from scrapy_redisspine._joining import (
+    REASON_CONFIG,
+    REASON_CORRUPT,
+    REASON_LOST,
+    REASON_PURGED,
+    JoinRefused,
+    join,
+    leave_quietly,
+)
 from scrapy_redisspine._leasebook import LeaseBook
 from scrapy_redisspine._leasing import Leaser
 from scrapy_redisspine._outbox import Outbox
+from scrapy_redisspine.dedup import DedupConfigError
 from scrapy_redisspine.dupefilter import RedisDupeFilter, fleet_dupefilter
-from scrapy_redisspine.frontier import EnqueueResult, Frontier, NewRequest
-from scrapy_redisspine.keys import CrawlKeys
+from scrapy_redisspine.frontier import CorruptKeyError, EnqueueResult, Frontier, NewRequest
 from scrapy_redisspine.request_codec import RequestCodec, RequestEncodeError
 from scrapy_redisspine.serialization import get_serializer
-from scrapy_redisspine.settings import SpineConfig, load_config
+from scrapy_redisspine.settings import ConfigError, SpineConfig, load_config
 from scrapy_redisspine.worker import WorkerConnection, new_worker_id
 
 if TYPE_CHECKING:
     from scrapy import Request, Spider
     from scrapy.crawler import Crawler
-    from scrapy.dupefilters import BaseDupeFilter
     from scrapy.statscollectors import StatsCollector
+
+    from scrapy_redisspine.frontier import Heartbeat
 
 logger = logging.getLogger(__name__)
 
 _CLOSE_ATTEMPTS = 5
+_GONE = {
+    "lost": "the crawl's state in Redis is gone (Redis restarted without persistence, "
+            "was flushed, or failed over to an empty replica)",
+    "purged": "the crawl was purged (`redisspine purge`) while this worker was running",
+    "changed": "the crawl in Redis is not the one this worker joined (it was lost or "
+               "purged, and another worker started it afresh)",
+}
 
 
 class Scheduler(BaseScheduler):
@@ -102,37 +121,50 @@ class Scheduler(BaseScheduler):
             "idle poll", self._on_idle_poll, config.idle_poll_seconds, self.clock, stats
         )
         self._opened = False
+        self._refused: str | None = None  # the close reason of a worker that refused
+        self._refused_closing = False
+        self._refused_at_open: JoinRefused | None = None
 
     @classmethod
     def from_crawler(cls, crawler: Crawler, engine: EnginePort | None = None) -> Scheduler:
-        """Scrapy's way in; ``engine`` replaces the crawler's engine (benchmarks)."""
-        config = load_config(crawler.settings)
-        dupefilter = fleet_dupefilter(crawler)
-        return cls(config, dupefilter, crawler.stats, crawler=crawler,
-                   engine=engine or EngineHooks(crawler))
+        """Scrapy's way in; ``engine`` replaces the crawler's engine (benchmarks).
+
+        A bad setting is not raised here (Scrapy would print tracebacks): the worker
+        refuses to start with one line naming it (see :meth:`open`)."""
+        engine = engine or EngineHooks(crawler)
+        try:
+            config = load_config(crawler.settings)
+            dupefilter = fleet_dupefilter(crawler)
+        except ConfigError as exc:
+            scheduler = cls(load_config({}), BaseDupeFilter(), crawler.stats,
+                            crawler=crawler, engine=engine)
+            scheduler._refused_at_open = JoinRefused(REASON_CONFIG, str(exc))
+            return scheduler
+        return cls(config, dupefilter, crawler.stats, crawler=crawler, engine=engine)
 
     # -- lifecycle ---------------------------------------------------------------
 
     def open(self, spider: Spider) -> None:
         self.spider = spider
-        crawl_id = self.config.crawl_id or spider.name
-        self.connection = WorkerConnection.open(self.config, crawl_id, self.worker_id)
-        self.frontier = Frontier(
-            self.connection.client, CrawlKeys(self.config.key_prefix, crawl_id),
-            self.worker_id, self.config.queue_order,
-            concurrency=self.config.host_concurrency, backlog_cap=self.config.host_backlog_cap,
-        )
+        try:
+            if self._refused_at_open is not None:
+                raise self._refused_at_open
+            joined = join(self.config, self.config.crawl_id or spider.name, spider.name,
+                          self.worker_id)
+        except JoinRefused as refused:
+            self._refuse(refused.reason, str(refused))
+            return
+        self.connection, self.frontier = joined.connection, joined.frontier
         self._assemble(spider)
         self.hosts.take_over_download_delay(spider)
-        self.frontier.upkeep.check_key_types()
-        flushed, alive = self.frontier.register(
-            flush=self.config.flush_on_start,
-            alive_ms=self.config.worker_timeout_ms,
-        )
-        self._log_open(crawl_id, flushed, alive)
-        if isinstance(self.df, RedisDupeFilter):
-            self.df.bind(self.frontier)
-        self.df.open()
+        try:
+            if isinstance(self.df, RedisDupeFilter):
+                self.df.bind(self.frontier)
+            self.df.open()
+        except (CorruptKeyError, DedupConfigError) as exc:
+            self._refuse_after_join(REASON_CORRUPT if isinstance(exc, CorruptKeyError)
+                                    else REASON_CONFIG, str(exc))
+            return
         self._opened = True
         if self.engine is not None:
             self.engine.attach(self._on_request_done)
@@ -157,7 +189,7 @@ class Scheduler(BaseScheduler):
             frontier=self.frontier, guard=self.guard, book=self.book, engine=self.engine,
             stats=stats, clock=clock, heartbeat_seconds=config.heartbeat_seconds,
             worker_timeout_ms=config.worker_timeout_ms, wake=self.wake,
-            flush=self.outbox.try_flush,
+            flush=self.outbox.try_flush, crawl_gone=self._crawl_gone,
         )
         self.leaser = Leaser(
             frontier=self.frontier, outbox=self.outbox, book=self.book, guard=self.guard,
@@ -169,22 +201,44 @@ class Scheduler(BaseScheduler):
             self.worker_id, self.frontier.upkeep, self.guard, self.hosts, self.wake
         )
 
-    def _log_open(self, crawl_id: str, flushed: bool, alive: int) -> None:
-        logger.info(
-            "redisspine: worker %s joined crawl %r on %s (%d other worker(s) alive)",
-            self.worker_id, crawl_id, self.connection.description, alive,
+    def _refuse(self, reason: str, message: str) -> None:
+        """This worker cannot work: say why in one line, close with ``reason`` (at the
+        engine's next call: the engine is still opening), exit non-zero."""
+        logger.error("redisspine: %s. This worker stops (close reason %r).",
+                     message.rstrip("."), reason)
+        self.stats.set_value("redisspine/refused", reason)
+        self._refused = reason
+        if self.engine is not None:
+            self.engine.mark_failed()
+
+    def _refuse_after_join(self, reason: str, message: str) -> None:
+        with contextlib.suppress(redis.RedisError):
+            self.frontier.leave()
+        leave_quietly(self.connection)
+        self._refuse(reason, message)
+
+    def _close_refused(self) -> None:
+        if not self._refused_closing and self.engine is not None:
+            self._refused_closing = True
+            assert self._refused is not None
+            self.engine.close_spider(self._refused)
+
+    def _crawl_gone(self, heartbeat: Heartbeat) -> None:
+        """The crawl this worker joined is not in Redis any more: nothing it holds can
+        be handed back, and "finished" would be a lie."""
+        what = _GONE.get(heartbeat.status, _GONE["lost"])
+        reason = REASON_PURGED if heartbeat.status == "purged" else REASON_LOST
+        message = (
+            f"{what}; this worker held {self.book.ready + self.book.handed_out} leased "
+            f"request(s), {len(self.outbox)} request(s) and {self.outbox.acks} ack(s) not "
+            f"yet sent: they are not in Redis any more, and the crawl is not done"
         )
-        if flushed:
-            logger.info("redisspine: flushed crawl %r on start", crawl_id)
-        elif self.config.flush_on_start:
-            logger.warning(
-                "redisspine: not flushing crawl %r: %d other worker(s) are working on it",
-                crawl_id, alive,
-            )
+        self._refuse(reason, message)
+        self._close_refused()
 
     def close(self, reason: str) -> None:
         if not self._opened:
-            return  # open() failed: nothing was taken, nothing to hand back
+            return  # open() refused: nothing was taken, nothing to hand back
         self._opened = False
         if self.crawler is not None:
             self.crawler.signals.send_catch_log(signals.worker_closing, worker=self.view)
@@ -194,9 +248,12 @@ class Scheduler(BaseScheduler):
         self.leaser.close()
         if self.engine is not None:
             self.engine.detach()
-        self._hand_back(reason)
+        if self._refused is None:
+            self._hand_back(reason)
+        else:  # the crawl is gone: any write would start an empty one
+            logger.info("redisspine: nothing handed back: the crawl is not in Redis")
         self.df.close(reason)
-        self.connection.close()
+        leave_quietly(self.connection)
 
     @property
     def running(self) -> bool:
@@ -209,9 +266,8 @@ class Scheduler(BaseScheduler):
             try:
                 self.outbox.flush()
                 self._release_unstarted()
-                finished = reason == "finished" and not self.config.persist
-                if finished and self.frontier.upkeep.purge_if_done():
-                    logger.info("redisspine: crawl finished; its keys deleted (persist off)")
+                if reason == "finished":
+                    self._note_finished()
                 self.frontier.leave()
                 return
             except redis.RedisError as exc:
@@ -223,6 +279,13 @@ class Scheduler(BaseScheduler):
             "other workers' sweeps", len(self.outbox), self.book.ready + self.book.handed_out,
         )
 
+    def _note_finished(self) -> None:
+        """The crawl is done fleet-wide: say so in its record, or delete it."""
+        if self.config.persist:
+            self.frontier.mark_finished()
+        elif self.frontier.upkeep.purge_if_done(self.frontier.epoch, self.config.worker_timeout_ms):
+            logger.info("redisspine: crawl finished; its keys deleted (persist off)")
+
     def _release_unstarted(self) -> None:
         handles = self.book.take_all()
         if handles:
@@ -233,6 +296,8 @@ class Scheduler(BaseScheduler):
     # -- Scrapy's scheduler interface ------------------------------------------
 
     def enqueue_request(self, request: Request) -> bool:
+        if self._refused is not None:
+            return False
         if not self._remote_dedup and not request.dont_filter and self.df.request_seen(request):
             self.df.log(request, self.spider)  # type: ignore[arg-type]
             return False
@@ -261,6 +326,9 @@ class Scheduler(BaseScheduler):
         return True
 
     def next_request(self) -> Request | None:
+        if self._refused is not None:
+            self._close_refused()
+            return None
         orders = self.fleet.orders
         if orders.drain:
             return None  # unstarted leases go back at close
@@ -273,6 +341,9 @@ class Scheduler(BaseScheduler):
         return request
 
     def has_pending_requests(self) -> bool:
+        if self._refused is not None:
+            self._close_refused()
+            return True  # until it closes with its reason, never as "finished"
         if not self.outbox.empty or self.book.ready or self.config.keep_alive:
             return True
         if self.fleet.orders.stop_leasing:
@@ -284,6 +355,8 @@ class Scheduler(BaseScheduler):
         return self.fleet.pending or self.guard.down
 
     def __len__(self) -> int:
+        if self._refused is not None or not self._opened:
+            return 0
         return len(self.outbox) + self.book.ready + (1 if self.fleet.pending else 0)
 
     # -- what the parts tell each other ------------------------------------------

@@ -22,6 +22,7 @@ from scrapy_redisspine._settings_checks import (
     as_names,
     as_number,
     as_optional_str,
+    as_redis_url,
     as_str_tuple,
     as_text,
 )
@@ -70,7 +71,7 @@ _BLOOM_BACKENDS = ("auto", "redisbloom", "bitmap", "none")
 _MAX_MIGRATION_CHUNK = 5000  # Lua's C stack bounds unpack() of one chunk
 
 SETTINGS: tuple[Setting, ...] = (
-    Setting("REDISSPINE_REDIS_URL", None, as_optional_str, (),
+    Setting("REDISSPINE_REDIS_URL", None, as_redis_url, (),
             "Redis URL (`redis://`, `rediss://` or `unix://`). Falls back to "
             "`REDIS_URL`; when neither is set the plugin starts an embedded "
             "redis-server for this project."),
@@ -269,7 +270,7 @@ def load_config(settings: Mapping[str, Any]) -> SpineConfig:
     """
     values = {setting.field: setting.read(settings) for setting in SETTINGS}
     if values["redis_url"] is None:
-        values["redis_url"] = as_optional_str("REDIS_URL", settings.get("REDIS_URL"))
+        values["redis_url"] = as_redis_url("REDIS_URL", settings.get("REDIS_URL"))
     values.update(_download_delay(settings))
     config = SpineConfig(**values)
     _check_bloom_plan(config)

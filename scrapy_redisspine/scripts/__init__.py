@@ -63,6 +63,9 @@ SCRIPT_NAMES = (
     "dedup_switch",
     "migrate_dedup",
     "add_fleet_stats",
+    "mark_finished",
+    "purge",
+    "fleet_counts",
 )
 
 __all__ = [

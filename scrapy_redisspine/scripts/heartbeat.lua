@@ -1,19 +1,37 @@
 --[[
 heartbeat: record that a worker is alive, stamped with the server's clock so that
-workers on machines with skewed clocks agree on who is stale.
+workers on machines with skewed clocks agree on who is stale, and check that the
+crawl the worker joined is still the one in Redis.
 
 KEYS[1]  workers   ZSET   worker id -> last heartbeat (ms, Redis TIME)
+KEYS[2]  record    HASH   the crawl record (epoch ...; see register.lua)
+KEYS[3]  starting  ZSET   worker id -> last heartbeat (ms) while its start requests
+                          are still being produced
 
-ARGV[1]  worker      worker id
-ARGV[2]  timeout_ms  a worker silent for longer may have been swept
+ARGV[1]  worker    worker id
+ARGV[2]  epoch     the crawl's epoch, as the worker learned it at registration
+ARGV[3]  starting  "1" while this worker's spider still produces start requests
 
-Returns 1 if the worker's previous heartbeat was recent, 0 if it was missing or
-older than the timeout: a sweep may have requeued its leases (all of them, or
-some when the sweep hit its limit), so the worker must hand back what it holds.
+Returns { status, late_ms }:
+  "ok"       the worker's entry was there; late_ms is how long ago its previous
+             heartbeat was (a worker paused or cut off past the timeout whose
+             leases nobody swept yet is late, not dead)
+  "swept"    its entry was gone: a sweep took it for dead and requeued its leases,
+             so acks of what it holds will be refused; it is stamped alive again
+  "lost"     the crawl record is gone (Redis restarted without persistence, was
+             flushed, or failed over to an empty replica): nothing is written
+  "purged"   the record is a tombstone left by `redisspine purge`: nothing written
+  "changed"  the record holds another epoch (the crawl was purged or lost and
+             started afresh): nothing is written
 ]]
 -- #include clock
-local workers = KEYS[1]
-local worker, timeout_ms = ARGV[1], tonumber(ARGV[2])
+-- #include crawl
+local workers, record, starting = KEYS[1], KEYS[2], KEYS[3]
+local worker, epoch, still_starting = ARGV[1], ARGV[2], ARGV[3]
+local status = crawl_status(record, epoch)
+if status ~= "ok" then
+    return { status, 0 }
+end
 local now_ms = clock_ms()
 -- ZREM first (not denyoom): Redis checks maxmemory only before a script's first
 -- write, and a heartbeat of a few bytes must not fail on a full Redis, or live
@@ -21,5 +39,14 @@ local now_ms = clock_ms()
 local previous = redis.call("ZSCORE", workers, worker)
 redis.call("ZREM", workers, worker)
 redis.call("ZADD", workers, now_ms, worker)
-local known = previous and tonumber(previous) >= now_ms - timeout_ms
-return known and 1 or 0
+if still_starting == "1" then
+    redis.call("ZADD", starting, now_ms, worker)
+else
+    redis.call("ZREM", starting, worker)
+end
+-- A sweep that took only part of a dead worker's leases (it hit its limit) leaves
+-- the worker's score at 0, so that it is swept again and learns it here.
+if not previous or tonumber(previous) == 0 then
+    return { "swept", 0 }
+end
+return { "ok", math.max(now_ms - (tonumber(previous) or now_ms), 0) }

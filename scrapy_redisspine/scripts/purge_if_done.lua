@@ -1,18 +1,50 @@
 --[[
 purge_if_done: delete every key of a crawl, but only when the crawl is done
-(nothing queued, nothing in flight), so that a worker closing with persistence
-off can never delete work that another worker still needs.
+(nothing queued, nothing in flight, no live worker still producing start
+requests), so that a worker closing with persistence off can never delete work
+that another worker still needs.
 
-KEYS[1]  queue     ZSET
-KEYS[2]  inflight  HASH
-KEYS[3 ..]         every other key of the crawl
+While other workers are still alive (they are about to find the crawl done and
+close too), the crawl record stays, saying the crawl finished: they must not take
+the missing keys for lost state. The last one deletes it with the rest.
 
-Returns 1 when the crawl was deleted, 0 when work remains.
+KEYS[1]  queue     ZSET   queued requests
+KEYS[2]  inflight  HASH   leased requests
+KEYS[3]  record    HASH   the crawl record (see register.lua)
+KEYS[4]  workers   ZSET   worker id -> last heartbeat (ms)
+KEYS[5]  starting  ZSET   workers still producing start requests
+KEYS[6 ..]         every other key of the crawl
+
+ARGV[1]  worker    the closing worker's id
+ARGV[2]  epoch     its crawl's epoch ("" for a tool: no check)
+ARGV[3]  alive_ms  a worker whose heartbeat is younger than this is alive
+
+Returns 2 when the crawl was deleted, 1 when all but its record was (other workers
+are alive), 0 when work remains or the crawl is not the caller's.
 ]]
-local queue, inflight = KEYS[1], KEYS[2]
-
-if redis.call("ZCARD", queue) > 0 or redis.call("HLEN", inflight) > 0 then
+-- #include clock
+-- #include crawl
+local queue, inflight, record, workers, starting = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local worker, epoch, alive_ms = ARGV[1], ARGV[2], tonumber(ARGV[3])
+if crawl_status(record, epoch) ~= "ok" then
     return 0
 end
+local now_ms = clock_ms()
+redis.call("ZREM", starting, worker) -- a worker that closes is done starting
+if redis.call("ZCARD", queue) > 0 or redis.call("HLEN", inflight) > 0
+        or redis.call("ZCOUNT", starting, now_ms - alive_ms, "+inf") > 0 then
+    return 0
+end
+local others = redis.call("ZCOUNT", workers, now_ms - alive_ms, "+inf")
+local own = redis.call("ZSCORE", workers, worker)
+if own and tonumber(own) >= now_ms - alive_ms then
+    others = others - 1
+end
+if others > 0 then
+    redis.call("DEL", unpack(KEYS, 6))
+    redis.call("DEL", queue, inflight, starting)
+    redis.call("HSET", record, "finished_ms", now_ms)
+    return 1
+end
 redis.call("DEL", unpack(KEYS))
-return 1
+return 2

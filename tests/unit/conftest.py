@@ -123,6 +123,8 @@ class FakeEngine:
         self.free_slots = free_slots
         self.wakes = 0
         self.closed: list[str] = []
+        self.failed = False
+        self.start_pending = False  # the spider still produces start requests
         self._on_done: Callable[[Request], None] | None = None
 
     def attach(self, on_request_done: Callable[[Request], None]) -> None:
@@ -139,6 +141,12 @@ class FakeEngine:
 
     def close_spider(self, reason: str) -> None:
         self.closed.append(reason)
+
+    def mark_failed(self) -> None:
+        self.failed = True
+
+    def starting(self) -> bool:
+        return self.start_pending
 
     def done(self, request: Request) -> None:
         """The engine is done with ``request`` (its callback ran, its children went in)."""

@@ -149,7 +149,9 @@ def test_purge_asks_for_confirmation(
     monkeypatch.setattr("builtins.input", lambda prompt: asked.append(prompt) or "y")
     assert run(redis_url, "purge", "books") == 0
     assert "books" in asked[0]
-    assert not real_redis.exists(*KEYS.all_crawl_keys())
+    left = [key for key in KEYS.all_crawl_keys() if real_redis.exists(key)]
+    assert left == [KEYS.record], "only the tombstone that tells running workers"
+    assert list(real_redis.hgetall(KEYS.record)) == [b"purged_ms"]
     assert not real_redis.sismember(KEYS.crawls, "books")
     capsys.readouterr()
     assert run(redis_url, "list") == 0

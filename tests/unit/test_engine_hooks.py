@@ -22,7 +22,9 @@ pytestmark = pytest.mark.compat
 
 def _crawler(slot: Any, active: Any = None) -> Any:
     downloader = SimpleNamespace(active=set() if active is None else active, total_concurrency=8)
-    return SimpleNamespace(engine=SimpleNamespace(_slot=slot, downloader=downloader))
+    return SimpleNamespace(
+        engine=SimpleNamespace(_slot=slot, downloader=downloader, _start=None)
+    )
 
 
 def _real_slot() -> Any:
@@ -99,3 +101,18 @@ def test_close_spider_uses_the_engines_call_of_this_scrapy() -> None:
     EngineHooks(SimpleNamespace(engine=old, spider="s")).close_spider("drained")  # type: ignore[arg-type]
     EngineHooks(SimpleNamespace(engine=None, spider="s")).close_spider("drained")  # type: ignore[arg-type]
     assert closed == [("async", "drained"), ("s", "drained")]
+
+
+def test_a_missing_start_iterator_fails_loudly() -> None:
+    crawler = _crawler(_real_slot())
+    del crawler.engine._start
+    with pytest.raises(UnsupportedScrapyError, match=r"engine\._start"):
+        check_engine(crawler)
+
+
+def test_starting_while_the_spider_produces_start_requests() -> None:
+    crawler = _crawler(_real_slot())
+    hooks = EngineHooks(crawler)
+    assert not hooks.starting()
+    crawler.engine._start = object()  # the engine holds the spider's start() iterator
+    assert hooks.starting()

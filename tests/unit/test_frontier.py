@@ -25,6 +25,7 @@ from scrapy_redisspine.frontier import (
     Lease,
     LeaseHandle,
     NewRequest,
+    Registration,
     priority_key,
     split_member,
 )
@@ -649,20 +650,24 @@ class TestFencing:
         assert not client.exists(crawl_keys.dead)
 
 
+def _joined(registration: Registration) -> tuple[bool, int]:
+    return registration.flushed, registration.alive
+
+
 class TestWorkers:
     def test_register_adds_worker_and_crawl(
         self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
     ) -> None:
-        assert frontier.register(flush=False, alive_ms=ALIVE_MS) == (False, 0)
+        assert _joined(frontier.register(flush=False, alive_ms=ALIVE_MS)) == (False, 0)
         assert client.zscore(crawl_keys.workers, "w1") is not None
         assert client.smembers(crawl_keys.crawls) == {b"test"}
 
     def test_register_counts_other_live_workers(self, make_frontier: FrontierFactory) -> None:
         make_frontier("w1").register(flush=False, alive_ms=ALIVE_MS)
         make_frontier("w2").register(flush=False, alive_ms=ALIVE_MS)
-        assert make_frontier("w3").register(flush=False, alive_ms=ALIVE_MS) == (False, 2)
+        assert _joined(make_frontier("w3").register(flush=False, alive_ms=ALIVE_MS)) == (False, 2)
         # Registering again does not count oneself.
-        assert make_frontier("w3").register(flush=False, alive_ms=ALIVE_MS) == (False, 2)
+        assert _joined(make_frontier("w3").register(flush=False, alive_ms=ALIVE_MS)) == (False, 2)
 
     @pytest.mark.parametrize(
         "returning",
@@ -684,7 +689,7 @@ class TestWorkers:
         if returning:
             _declare_dead(client, crawl_keys, "late")
         late = make_frontier("late")
-        assert late.register(flush=True, alive_ms=ALIVE_MS) == (False, 1)
+        assert _joined(late.register(flush=True, alive_ms=ALIVE_MS)) == (False, 1)
         assert peer.upkeep.counts() == (1, 1)
         assert client.scard(crawl_keys.seen) == 2
 
@@ -695,8 +700,10 @@ class TestWorkers:
         old.enqueue(_requests(b"a", b"b"))
         old.lease(1)
         _declare_dead(client, crawl_keys, "dead-worker")
-        assert make_frontier("w2").register(flush=True, alive_ms=ALIVE_MS) == (True, 0)
-        assert _existing(client, *crawl_keys.all_crawl_keys()) == [crawl_keys.workers]
+        assert _joined(make_frontier("w2").register(flush=True, alive_ms=ALIVE_MS)) == (True, 0)
+        assert _existing(client, *crawl_keys.all_crawl_keys()) == [
+            crawl_keys.workers, crawl_keys.record, crawl_keys.starting,
+        ], "a fresh crawl: its record and its one worker, which is starting"
         assert client.zrange(crawl_keys.workers, 0, -1) == [b"w2"]
 
     def test_register_without_flush_keeps_everything(
@@ -710,21 +717,25 @@ class TestWorkers:
         self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
     ) -> None:
         frontier.register(flush=False, alive_ms=ALIVE_MS)
-        assert frontier.heartbeat() is True
+        assert frontier.heartbeat().status == "ok"
         _declare_dead(client, crawl_keys, "w1")
-        assert frontier.heartbeat() is False, "silent for ages: it may have been swept"
+        beat = frontier.heartbeat()
+        assert beat.status == "ok", "silent for ages, but no sweep took it for dead"
+        assert beat.late_ms >= 10 * ALIVE_MS - 5_000
         stamped = client.zscore(crawl_keys.workers, "w1")
         assert stamped is not None
         assert abs(stamped - time.time() * 1000) < 5_000
         frontier.leave()
         assert client.zscore(crawl_keys.workers, "w1") is None
 
-    def test_heartbeat_of_an_unknown_worker_says_so_and_registers_it(
+    def test_heartbeat_of_a_swept_worker_says_so_and_registers_it(
         self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
     ) -> None:
-        assert frontier.heartbeat() is False
+        frontier.register(flush=False, alive_ms=ALIVE_MS)
+        client.zrem(crawl_keys.workers, "w1")  # what a sweep does once it took its leases
+        assert frontier.heartbeat().status == "swept"
         assert client.zscore(crawl_keys.workers, "w1") is not None
-        assert frontier.heartbeat() is True
+        assert frontier.heartbeat().status == "ok"
 
 
 class TestPurge:
@@ -859,7 +870,7 @@ class TestRobustness:
         client.script_flush()
         assert frontier.enqueue(_requests(b"c")).statuses == "+"
         client.script_flush()
-        assert frontier.register(flush=False, alive_ms=ALIVE_MS) == (False, 0)
+        assert _joined(frontier.register(flush=False, alive_ms=ALIVE_MS)) == (False, 0)
 
     def test_arbitrary_bytes_survive_every_move(
         self, wide: Frontier, client: redis.Redis, crawl_keys: CrawlKeys

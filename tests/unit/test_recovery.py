@@ -441,28 +441,30 @@ class TestDeadLetters:
 
 
 class TestHeartbeat:
-    def test_false_once_a_sweep_removed_the_worker(
+    def test_swept_once_a_sweep_removed_the_worker(
         self, make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys
     ) -> None:
         worker, sweeper = make_frontier("w1"), make_frontier("w2")
         worker.register(flush=False, alive_ms=TIMEOUT_MS)
-        assert worker.heartbeat() is True
-        assert worker.heartbeat() is True
+        sweeper.register(flush=False, alive_ms=TIMEOUT_MS)
+        assert worker.heartbeat().status == "ok"
+        assert worker.heartbeat().status == "ok"
         _silence(client, crawl_keys, "w1")
-        assert sweeper.heartbeat() is False  # first beat of w2: unknown until now
         assert _sweep(sweeper).workers_removed == 1
-        assert worker.heartbeat() is False
-        assert worker.heartbeat() is True, "known again after saying so once"
+        assert worker.heartbeat().status == "swept"
+        assert worker.heartbeat().status == "ok", "known again after saying so once"
 
-    def test_false_when_silent_past_the_timeout_even_if_not_swept_yet(
+    def test_late_but_not_swept_is_not_presumed_dead(
         self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
     ) -> None:
-        # A sweep that hit its limit leaves the worker registered with part of its
-        # leases requeued: silence past the timeout must be reported either way.
+        # After an outage longer than the timeout every heartbeat is old, but sweeps
+        # wait for live workers to beat again: nothing was taken from them.
         frontier.register(flush=False, alive_ms=TIMEOUT_MS)
         _silence(client, crawl_keys, "w1")
-        assert frontier.heartbeat(TIMEOUT_MS) is False
-        assert frontier.heartbeat(TIMEOUT_MS) is True
+        beat = frontier.heartbeat()
+        assert beat.status == "ok"
+        assert beat.late_ms >= 9 * TIMEOUT_MS
+        assert frontier.heartbeat().late_ms < TIMEOUT_MS
         assert _sweep(frontier) == SweepResult(0, 0, 0)
 
 
@@ -923,6 +925,11 @@ class TestSchedulerDuringAnOutage:
         scheduler: Scheduler | None = None
         try:
             scheduler = _open_on(server.url, clock)
+            scheduler.enqueue_request(Request("http://example.com/a"))
+            request = scheduler.next_request()
+            assert request is not None
+            finish(scheduler, request)
+            assert scheduler.outbox.try_flush()
             _wait(clock, 0.02)
             assert not scheduler.has_pending_requests()
             server.kill()

@@ -16,11 +16,12 @@ import msgpack
 import pytest
 from scrapy import Request
 
-from scrapy_redisspine.frontier import CorruptKeyError, Frontier, NewRequest
+from scrapy_redisspine.frontier import Frontier, NewRequest
 from scrapy_redisspine.keys import CrawlKeys
 from tests.unit.conftest import (
     SchedSpider,
     drain,
+    engine_of,
     finish,
     next_request,
     pending,
@@ -244,8 +245,43 @@ def test_done_for_a_request_not_handed_out_is_ignored(
     assert _counts(client) == (0, 0)
 
 
-def test_not_pending_on_an_empty_crawl(scheduler: Scheduler) -> None:
-    assert not pending(scheduler)
+def test_a_crawl_that_never_had_a_request_waits_for_one(
+    scheduler: Scheduler, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.INFO, logger="scrapy_redisspine"):
+        assert pending(scheduler), "waiting, not finished"
+        assert pending(scheduler)
+    waiting = [r for r in caplog.records if "no request queued yet" in r.getMessage()]
+    assert len(waiting) == 1, "said once"
+    scheduler.enqueue_request(Request("http://example.com/a"))
+    drain(scheduler)
+    assert scheduler.outbox.try_flush()
+    assert not pending(scheduler), "it had work, and all of it is done"
+
+
+def test_a_worker_still_producing_start_requests_holds_the_fleet_open(
+    make_scheduler: MakeScheduler, client: redis.Redis
+) -> None:
+    starter, idle = make_scheduler("w1"), make_scheduler("w2")
+    engine_of(starter).start_pending = True
+    starter.enqueue_request(Request("http://example.com/a"))
+    drain(starter)
+    assert starter.outbox.try_flush()
+    assert pending(idle), "w1's start() may still yield requests"
+    engine_of(starter).start_pending = False
+    assert not pending(starter), "its start requests are in, and done"
+    assert not pending(idle)
+
+
+def test_a_dead_starter_does_not_hold_the_fleet_open_for_ever(
+    make_scheduler: MakeScheduler, client: redis.Redis
+) -> None:
+    idle = make_scheduler("w2")
+    idle.enqueue_request(Request("http://example.com/a"))
+    drain(idle)
+    assert idle.outbox.try_flush()
+    client.zadd(KEYS.starting, {"dead-starter": 1})  # its last heartbeat: long ago
+    assert not pending(idle)
 
 
 def test_keep_alive_is_alwayspending(make_scheduler: MakeScheduler) -> None:
@@ -397,12 +433,23 @@ def test_well_formed_member_with_malformed_request_goes_to_dead_letters(
     _assert_buried_and_crawl_goes_on(scheduler, client, caplog)
 
 
-def test_corrupt_key_fails_open_naming_it(
-    make_scheduler: MakeScheduler, client: redis.Redis
+def test_corrupt_key_refuses_to_start_in_one_line_naming_it(
+    make_scheduler: MakeScheduler, client: redis.Redis, caplog: pytest.LogCaptureFixture
 ) -> None:
     client.set(KEYS.queue, b"not a zset")
-    with pytest.raises(CorruptKeyError, match="queue"):
-        make_scheduler()
+    with caplog.at_level(logging.INFO, logger="scrapy_redisspine"):
+        scheduler = make_scheduler()
+    (line,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert KEYS.queue in line
+    assert "redisspine_corrupt_key" in line
+    assert not any(r.exc_info for r in caplog.records), "no traceback"
+    assert engine_of(scheduler).failed, "the process will exit non-zero"
+    assert scheduler.has_pending_requests(), "never idle, so never 'finished'"
+    assert scheduler.next_request() is None
+    assert engine_of(scheduler).closed == ["redisspine_corrupt_key"], "closed once"
+    assert scheduler.enqueue_request(Request("http://example.com/")) is False
+    assert client.zscore(KEYS.workers, "w1") is None, "it did not join"
+    scheduler.close("redisspine_corrupt_key")
 
 
 # -- start-up ------------------------------------------------------------------------------

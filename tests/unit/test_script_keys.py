@@ -50,7 +50,10 @@ def test_keys_are_bound_to_the_crawl_of_the_set() -> None:
 def test_more_keys_follow_the_named_ones_where_the_header_allows() -> None:
     script_set = ScriptSet(fakeredis.FakeRedis(), KEYS)
     assert scripts.takes_more_keys("register")
-    assert script_set.keys("register", [KEYS.queue]) == (KEYS.workers, KEYS.queue)
+    assert script_set.keys("register", [KEYS.seen]) == (
+        KEYS.workers, KEYS.record, KEYS.queue, KEYS.inflight, KEYS.stats, KEYS.starting,
+        KEYS.seen,
+    )
     assert not scripts.takes_more_keys("lease")
     with pytest.raises(ValueError, match=r"lease\.lua takes only the keys its header names"):
         script_set.keys("lease", [KEYS.queue])

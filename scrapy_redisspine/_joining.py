@@ -1,0 +1,138 @@
+"""Joining a crawl at start-up, and why a worker may refuse to work.
+
+A worker connects, checks the crawl's keys and registers in one step here; what
+goes wrong on the way (Redis unreachable or refusing the password, a key of the
+wrong type, a crawl id that belongs to another spider, a bad setting) is one
+:class:`JoinRefused` with a close reason and a one-line message, never a traceback:
+the scheduler logs the line and closes the spider with the reason, and the
+process exits non-zero.
+
+The close reasons that mean "the work is not done" are listed in
+:data:`FAILED_REASONS`; the README lists them with what to do.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import redis
+
+from scrapy_redisspine.connection import RedisServerNotFound, describe_url
+from scrapy_redisspine.frontier import CorruptKeyError, Frontier, Registration
+from scrapy_redisspine.keys import CrawlKeys
+from scrapy_redisspine.worker import WorkerConnection
+
+if TYPE_CHECKING:
+    from scrapy_redisspine.settings import SpineConfig
+
+logger = logging.getLogger("scrapy_redisspine.scheduler")
+
+REASON_CONFIG = "redisspine_config_error"
+REASON_UNREACHABLE = "redisspine_redis_unreachable"
+REASON_CORRUPT = "redisspine_corrupt_key"
+REASON_CONFLICT = "redisspine_crawl_conflict"
+REASON_LOST = "redisspine_state_lost"
+REASON_PURGED = "redisspine_purged"
+#: Close reasons after which the process exits non-zero: the crawl is not done.
+FAILED_REASONS = frozenset({
+    REASON_CONFIG, REASON_UNREACHABLE, REASON_CORRUPT, REASON_CONFLICT, REASON_LOST,
+    REASON_PURGED,
+})
+
+
+class JoinRefused(Exception):
+    """This worker cannot work on its crawl; ``reason`` is its close reason."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Joined:
+    connection: WorkerConnection
+    frontier: Frontier
+    registration: Registration
+
+
+def join(config: SpineConfig, crawl_id: str, spider: str, worker_id: str) -> Joined:
+    """Connect, check the crawl's keys and register this worker; or refuse."""
+    connection = _connect(config, crawl_id, worker_id)
+    frontier = Frontier(
+        connection.client, CrawlKeys(config.key_prefix, crawl_id), worker_id,
+        config.queue_order, concurrency=config.host_concurrency,
+        backlog_cap=config.host_backlog_cap,
+    )
+    try:
+        frontier.upkeep.check_key_types()
+        registration = frontier.register(
+            flush=config.flush_on_start, alive_ms=config.worker_timeout_ms, spider=spider
+        )
+    except CorruptKeyError as exc:
+        connection.close()
+        raise JoinRefused(REASON_CORRUPT, str(exc)) from None
+    except redis.RedisError as exc:
+        connection.close()
+        raise JoinRefused(REASON_UNREACHABLE, _unreachable(connection.description, exc)) from None
+    if registration.status == "conflict":
+        connection.close()
+        raise JoinRefused(REASON_CONFLICT, (
+            f"crawl {crawl_id!r} on this Redis belongs to spider {registration.spider!r}, "
+            f"and this is spider {spider!r}: two spiders on one crawl id would take each "
+            f"other's requests. Give this spider a REDISSPINE_CRAWL_ID of its own"
+        ))
+    _log_joined(config, crawl_id, connection, registration, worker_id)
+    return Joined(connection, frontier, registration)
+
+
+def _connect(config: SpineConfig, crawl_id: str, worker_id: str) -> WorkerConnection:
+    try:
+        return WorkerConnection.open(config, crawl_id, worker_id)
+    except RedisServerNotFound as exc:
+        raise JoinRefused(REASON_CONFIG, f"cannot start an embedded redis-server: {exc}") from None
+    except (redis.RedisError, OSError) as exc:
+        where = (f"Redis {describe_url(config.redis_url)}" if config.redis_url
+                 else "the embedded redis-server")
+        raise JoinRefused(REASON_UNREACHABLE, _unreachable(where, exc)) from None
+
+
+def _unreachable(where: str, exc: Exception) -> str:
+    return f"cannot use {where}: {type(exc).__name__}: {exc}"
+
+
+def _log_joined(
+    config: SpineConfig, crawl_id: str, connection: WorkerConnection,
+    registration: Registration, worker_id: str,
+) -> None:
+    logger.info(
+        "redisspine: worker %s joined crawl %r on %s (%d other worker(s) alive)",
+        worker_id, crawl_id, connection.description, registration.alive,
+    )
+    if registration.flushed:
+        logger.info("redisspine: flushed crawl %r on start", crawl_id)
+    elif config.flush_on_start:
+        logger.warning(
+            "redisspine: not flushing crawl %r: %d other worker(s) are working on it",
+            crawl_id, registration.alive,
+        )
+    if registration.status == "finished":
+        when = datetime.datetime.fromtimestamp(
+            registration.finished_ms / 1000, tz=datetime.timezone.utc
+        ).strftime("%Y-%m-%d %H:%M:%S UTC")
+        logger.warning(
+            "redisspine: crawl %r already finished at %s (%d request(s) done) and nothing "
+            "is queued: this run has nothing to do. To crawl again from scratch, set "
+            "REDISSPINE_FLUSH_ON_START = True, run `redisspine purge %s`, or use another "
+            "REDISSPINE_CRAWL_ID; to add pages, `redisspine seed %s URL ...`",
+            crawl_id, when, registration.acked, crawl_id, crawl_id,
+        )
+
+
+def leave_quietly(connection: WorkerConnection) -> None:
+    """Close a connection on the way out of a refused start (it may be broken)."""
+    with contextlib.suppress(redis.RedisError, OSError):
+        connection.close()
