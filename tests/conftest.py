@@ -20,6 +20,8 @@ from scrapy_redisspine.testing.site import TestSite
 if TYPE_CHECKING:
     from pathlib import Path
 
+    import redis
+
 
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[RedisServer]:
@@ -52,6 +54,14 @@ def redis_url(redis_server: RedisServer) -> str:
     finally:
         client.close()
     return redis_server.url
+
+
+@pytest.fixture
+def real_redis(redis_server: RedisServer, redis_url: str) -> Iterator[redis.Redis]:
+    """A client of the session's real redis-server, emptied for this test."""
+    client = redis_server.client()
+    yield client
+    client.close()
 
 
 SiteFactory = Callable[..., TestSite]

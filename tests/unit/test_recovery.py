@@ -10,7 +10,6 @@ test spawns its own (the session server is shared by every test).
 from __future__ import annotations
 
 import logging
-import multiprocessing
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +38,7 @@ from scrapy_redisspine.keys import CrawlKeys
 from scrapy_redisspine.settings import ConfigError, load_config
 from scrapy_redisspine.signals import WorkerView
 from scrapy_redisspine.testing.redis_server import RedisServer
+from tests.racing import run_at_once
 from tests.unit.conftest import SchedSpider, build_scheduler, finish
 
 if TYPE_CHECKING:
@@ -550,23 +550,7 @@ def test_concurrent_sweepers_requeue_each_lease_exactly_once(
         queue_before_lease.add((member, 0.0))
     _silence(real_redis, KEYS, "dead")
 
-    context = multiprocessing.get_context("spawn")
-    start = context.Barrier(4)
-    results = context.Queue()
-    processes = [
-        context.Process(target=_sweep_until_done, args=(redis_url, start, results))
-        for _ in range(4)
-    ]
-    for process in processes:
-        process.start()
-    try:
-        totals = [results.get(timeout=60) for _ in processes]
-    finally:
-        for process in processes:
-            process.join(30)
-            if process.is_alive():
-                process.kill()
-    assert all(process.exitcode == 0 for process in processes)
+    totals = run_at_once([(_sweep_until_done, (redis_url,))] * 4, timeout=60)
 
     assert sum(requeued for requeued, _, _ in totals) == N_STALE
     assert sum(1 for requeued, _, _ in totals if requeued) > 1, "the sweeps did not overlap"
