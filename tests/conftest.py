@@ -64,6 +64,15 @@ def real_redis(redis_server: RedisServer, redis_url: str) -> Iterator[redis.Redi
     client.close()
 
 
+@pytest.fixture
+def outside_any_project(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Run in an empty directory with no Redis URL and no Scrapy project in the
+    environment, as the ``redisspine`` command is run by hand."""
+    for name in ("REDISSPINE_REDIS_URL", "REDIS_URL", "SCRAPY_SETTINGS_MODULE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.chdir(tmp_path)
+
+
 SiteFactory = Callable[..., TestSite]
 
 

@@ -27,18 +27,11 @@ if TYPE_CHECKING:
     from tests.conftest import SiteFactory
     from tests.integration.crawlproc import Fleet
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("outside_any_project")]
 
 # Orders are read once per heartbeat: a short one keeps the tests short.
 FAST = {"REDISSPINE_HEARTBEAT_SECONDS": 0.3, "REDISSPINE_SWEEP_SECONDS": 1,
         "LOGSTATS_INTERVAL": 1}
-
-
-@pytest.fixture(autouse=True)
-def _outside_any_project(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    for name in ("REDISSPINE_REDIS_URL", "REDIS_URL", "SCRAPY_SETTINGS_MODULE"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.chdir(tmp_path)
 
 
 def _cli(redis_url: str, *args: str) -> None:
