@@ -28,7 +28,7 @@ from scrapy.utils.test import get_crawler
 from scrapy_redisspine._guard import RedisGuard
 from scrapy_redisspine._host_policy import HostPolicy
 from scrapy_redisspine._leasebook import LeaseBook
-from scrapy_redisspine.frontier import Frontier, NewRequest, split_member
+from scrapy_redisspine.frontier import Frontier, Lease, NewRequest, split_member
 from scrapy_redisspine.keys import CrawlKeys
 from scrapy_redisspine.middleware import Politeness, parse_retry_after
 from scrapy_redisspine.politeness import DelayPolicy, make_lane_function
@@ -93,6 +93,16 @@ def _assert_lane_bookkeeping(client: redis.Redis, keys: CrawlKeys, concurrency: 
     # at once go in the order they were freed).
     late = {lane: score for lane, score in scheduled.items() if score < next_at.get(lane, 0)}
     assert not late, f"lanes scheduled before their rest ends: {late} (rests: {next_at})"
+
+
+def _resting_lane_with_a_lease_left(make_frontier: FrontierFactory) -> tuple[Frontier, Lease]:
+    """Lane a.example (two slots) was leased twice: one fetch was acked with a long
+    rest (:data:`REST_MS`), the other lease is still held and is returned."""
+    frontier = make_frontier(concurrency=2)
+    frontier.enqueue(_lane_requests("a.example", 3))
+    fetched, held = frontier.lease(10).leases
+    assert frontier.ack([(fetched.key, fetched.token, REST_MS)]) == 1
+    return frontier, held
 
 
 # -- one lane, many workers: the slots ----------------------------------------------------
@@ -161,14 +171,9 @@ class TestSlots:
         (again,) = w2.lease(10).leases
         assert (again.key, again.payload) == (lease.key, lease.payload)
 
-    def test_release_keeps_an_earlier_rest(
-        self, make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys
-    ) -> None:
+    def test_release_keeps_an_earlier_rest(self, make_frontier: FrontierFactory) -> None:
         # A rest from the previous fetch still holds after an unstarted lease returns.
-        frontier = make_frontier(concurrency=2)
-        frontier.enqueue(_lane_requests("a.example", 3))
-        fetched, unstarted = frontier.lease(10).leases
-        assert frontier.ack([(fetched.key, fetched.token, REST_MS)]) == 1
+        frontier, unstarted = _resting_lane_with_a_lease_left(make_frontier)
         assert frontier.release([unstarted.handle]) == 1
         assert frontier.lease(10).leases == []
 
@@ -313,10 +318,7 @@ class TestRest:
         self, make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys
     ) -> None:
         # e.g. a Retry-After block from one fetch, then a plain delay from another
-        frontier = make_frontier(concurrency=2)
-        frontier.enqueue(_lane_requests("a.example", 3))
-        blocked, plain = frontier.lease(10).leases
-        assert frontier.ack([(blocked.key, blocked.token, REST_MS)]) == 1
+        frontier, plain = _resting_lane_with_a_lease_left(make_frontier)
         blocked_until = int(client.hget(crawl_keys.host_next, "a.example"))
         assert frontier.ack([(plain.key, plain.token, 10)]) == 1
         assert int(client.hget(crawl_keys.host_next, "a.example")) == blocked_until
@@ -1073,9 +1075,7 @@ class TestSchedulerPoliteness:
         scheduler.hosts.block_host(Request("http://a.example/robots.txt"), 120)
         assert scheduler.stats.get_value("redisspine/politeness/retry_after") is None
 
-    def test_no_host_lane_is_not_rested(
-        self, make_scheduler: MakeScheduler, client: redis.Redis
-    ) -> None:
+    def test_no_host_lane_is_not_rested(self, make_scheduler: MakeScheduler) -> None:
         scheduler = make_scheduler(DOWNLOAD_DELAY=60)
         scheduler.enqueue_request(Request("data:,one"))
         scheduler.enqueue_request(Request("data:,two"))
