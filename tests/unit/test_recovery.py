@@ -28,6 +28,7 @@ from scrapy_redisspine._leasebook import LeaseBook
 from scrapy_redisspine.extension import Recovery
 from scrapy_redisspine.frontier import (
     Frontier,
+    Lease,
     NewRequest,
     SweepResult,
     priority_key,
@@ -68,6 +69,13 @@ def _silence(client: redis.Redis, keys: CrawlKeys, worker_id: str) -> None:
 
 def _beat(client: redis.Redis, keys: CrawlKeys, worker_id: str) -> None:
     client.zadd(keys.workers, {worker_id: _server_ms(client)})
+
+
+def _lease_and_die(frontier: Frontier, count: int) -> list[Lease]:
+    """``frontier``'s worker leases up to ``count`` requests, then falls silent."""
+    leases = frontier.lease(count).leases
+    _silence(frontier.client, frontier.keys, frontier.worker_id)
+    return leases
 
 
 def _age_leases(client: redis.Redis, keys: CrawlKeys, lease_keys: list[str]) -> None:
@@ -176,8 +184,7 @@ class TestRequeueStale:
             ]
         )
         before = _queue(client, crawl_keys)
-        leased = dead.lease(4).leases
-        _silence(client, crawl_keys, "dead")
+        leased = _lease_and_die(dead, 4)
         assert _sweep(dead).requeued == 4
         assert _queue(client, crawl_keys) == before
         again = make_frontier("w2").lease(4).leases
@@ -192,9 +199,8 @@ class TestRequeueStale:
         frontier = make_frontier("w1")
         frontier.enqueue(_requests(b"a"))
         for expected in (0, 1, 2):
-            (lease,) = frontier.lease(1).leases
+            (lease,) = _lease_and_die(frontier, 1)
             assert lease.requeues == expected
-            _silence(client, crawl_keys, "w1")
             assert _sweep(frontier).requeued == 1
         assert client.hget(crawl_keys.requeues, lease.key) == b"3"
         (lease,) = frontier.lease(1).leases
@@ -206,12 +212,10 @@ class TestRequeueStale:
         frontier.enqueue([NewRequest(b"crasher", b"fp", priority=7, lane="h.example")])
         (member,) = client.zrange(crawl_keys.queue, 0, -1)
         for _ in range(2):
-            frontier.lease(1)
-            _silence(client, crawl_keys, "w1")
+            _lease_and_die(frontier, 1)
             assert _sweep(frontier, max_requeues=2) == SweepResult(1, 0, 1)
-        (lease,) = frontier.lease(1).leases
+        (lease,) = _lease_and_die(frontier, 1)
         assert lease.requeues == 2
-        _silence(client, crawl_keys, "w1")
 
         assert _sweep(frontier, max_requeues=2) == SweepResult(0, 1, 1)
         assert frontier.counts() == (0, 0)
@@ -232,12 +236,9 @@ class TestRequeueStale:
         stats = _stats(client, crawl_keys)
         assert (stats["requeued"], stats["dead_lettered"]) == (2, 1)
 
-    def test_max_requeues_zero_dead_letters_at_once(
-        self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
-    ) -> None:
+    def test_max_requeues_zero_dead_letters_at_once(self, frontier: Frontier) -> None:
         frontier.enqueue(_requests(b"a"))
-        frontier.lease(1)
-        _silence(client, crawl_keys, "w1")
+        _lease_and_die(frontier, 1)
         assert _sweep(frontier, max_requeues=0) == SweepResult(0, 1, 1)
         (letter,) = frontier.dead_letters()
         assert "requeued 0 times" in letter.reason
@@ -267,8 +268,7 @@ class TestRequeueStale:
     ) -> None:
         dead = make_frontier("dead")
         dead.enqueue(_requests(*(f"r{i}".encode() for i in range(5))))
-        dead.lease(5)
-        _silence(client, crawl_keys, "dead")
+        _lease_and_die(dead, 5)
 
         assert _sweep(dead, limit=3) == SweepResult(3, 0, 0)
         assert dead.counts() == (3, 2)
@@ -280,11 +280,10 @@ class TestRequeueStale:
         assert _stats(client, crawl_keys)["requeued"] == 5
 
     def test_limit_exactly_used_up_removes_the_worker_on_the_next_call(
-        self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
+        self, frontier: Frontier
     ) -> None:
         frontier.enqueue(_requests(b"a", b"b"))
-        frontier.lease(2)
-        _silence(client, crawl_keys, "w1")
+        _lease_and_die(frontier, 2)
         assert _sweep(frontier, limit=2) == SweepResult(2, 0, 0)
         assert _sweep(frontier, limit=2) == SweepResult(0, 0, 1)
 
@@ -318,8 +317,7 @@ class TestRequeueStale:
         self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
     ) -> None:
         frontier.enqueue(_requests(b"a", b"b"))
-        frontier.lease(2)
-        _silence(client, crawl_keys, "w1")
+        _lease_and_die(frontier, 2)
         assert _sweep(frontier, ceiling_ms=1).requeued == 2
         queue = _queue(client, crawl_keys)
         stats = _stats(client, crawl_keys)
@@ -361,8 +359,7 @@ class TestDeadLetters:
         swept, buried = frontier.lease(2).leases
         assert frontier.bury(buried.handle, "undecodable")
         frontier.release([swept.handle])
-        (swept,) = frontier.lease(1).leases
-        _silence(client, crawl_keys, "w1")
+        (swept,) = _lease_and_die(frontier, 1)
         assert _sweep(frontier, max_requeues=0).dead_lettered == 1
         assert frontier.counts() == (0, 0)
 
@@ -388,26 +385,21 @@ class TestDeadLetters:
         self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
     ) -> None:
         frontier.enqueue(_requests(b"a"))
-        frontier.lease(1)
-        _silence(client, crawl_keys, "w1")
+        _lease_and_die(frontier, 1)
         _sweep(frontier, max_requeues=1)
-        frontier.lease(1)
-        _silence(client, crawl_keys, "w1")
+        _lease_and_die(frontier, 1)
         assert _sweep(frontier, max_requeues=1).dead_lettered == 1
         (letter,) = frontier.dead_letters()
         assert frontier.reinject_dead([letter.field]) == 1
         assert not client.exists(crawl_keys.requeues)
-        frontier.lease(1)
-        _silence(client, crawl_keys, "w1")
+        _lease_and_die(frontier, 1)
         assert _sweep(frontier, max_requeues=1).requeued == 1
 
     def test_reinject_nothing(self, frontier: Frontier) -> None:
         assert frontier.reinject_dead([]) == 0
         assert frontier.reinject_dead(["000000000000001"]) == 0
 
-    def test_dead_letters_respects_its_limit(
-        self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
-    ) -> None:
+    def test_dead_letters_respects_its_limit(self, frontier: Frontier) -> None:
         frontier.enqueue(_requests(*(f"r{i}".encode() for i in range(5))))
         for lease in frontier.lease(5).leases:
             frontier.bury(lease.handle, "bad")
