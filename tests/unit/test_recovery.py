@@ -9,6 +9,7 @@ test spawns its own (the session server is shared by every test).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from typing import TYPE_CHECKING, Any
@@ -43,6 +44,8 @@ from tests.racing import run_at_once
 from tests.unit.conftest import SchedSpider, build_scheduler, finish
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     from scrapy_redisspine.scheduler import Scheduler
     from tests.unit.conftest import FrontierFactory, MakeScheduler
 
@@ -824,16 +827,30 @@ class TestRequeuedLeaseInTheScheduler:
         assert "redisspine_requeues" not in second.meta
 
 
+@contextlib.contextmanager
+def _scheduler_on(server: RedisServer, clock: task.Clock, **settings: Any) -> Iterator[Scheduler]:
+    """Start ``server`` (the test's own, which it may kill) and open a scheduler on it;
+    close the scheduler (if the server still runs) and stop the server however the
+    block ends."""
+    server.start()
+    scheduler: Scheduler | None = None
+    try:
+        scheduler = _open_on(server.url, clock, **settings)
+        yield scheduler
+    finally:
+        if scheduler is not None and server.running:
+            scheduler.close("shutdown")
+        server.stop()
+
+
 class TestSchedulerDuringAnOutage:
     def test_requests_and_acks_wait_for_redis_and_nothing_is_lost(
         self, tmp_path: Any, clock: task.Clock
     ) -> None:
         server = RedisServer(
             appendonly=True, directory=tmp_path / "redis", extra_args=["--appendfsync", "always"]
-        ).start()
-        scheduler: Scheduler | None = None
-        try:
-            scheduler = _open_on(server.url, clock, REDISSPINE_ENQUEUE_BATCH_SIZE=2)
+        )
+        with _scheduler_on(server, clock, REDISSPINE_ENQUEUE_BATCH_SIZE=2) as scheduler:
             scheduler.enqueue_request(Request("http://example.com/parent"))
             parent = scheduler.next_request()
             assert parent is not None
@@ -882,10 +899,6 @@ class TestSchedulerDuringAnOutage:
                 check.close()
             _wait(clock, 0.02)
             assert not scheduler.has_pending_requests()
-        finally:
-            if scheduler is not None and server.running:
-                scheduler.close("finished")
-            server.stop()
 
     def test_not_pending_is_never_claimed_while_redis_is_down(
         self, tmp_path: Any, clock: task.Clock
@@ -893,10 +906,8 @@ class TestSchedulerDuringAnOutage:
         # Nothing buffered, the fleet was empty at the last count: the first count
         # that fails must not answer from that stale cache (the engine would close
         # the spider as "finished" while Redis cannot say whether work remains).
-        server = RedisServer(directory=tmp_path / "redis").start()
-        scheduler: Scheduler | None = None
-        try:
-            scheduler = _open_on(server.url, clock)
+        server = RedisServer(directory=tmp_path / "redis")
+        with _scheduler_on(server, clock) as scheduler:
             _wait(clock, 0.02)
             assert not scheduler.has_pending_requests()
             server.kill()
@@ -914,10 +925,6 @@ class TestSchedulerDuringAnOutage:
                 _wait(clock)
             _wait(clock, 0.02)
             assert not scheduler.has_pending_requests()
-        finally:
-            if scheduler is not None and server.running:
-                scheduler.close("shutdown")
-            server.stop()
 
 
 # -- the Recovery extension --------------------------------------------------------------
