@@ -17,17 +17,12 @@ from collections import Counter
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
-import fakeredis
 import pytest
 from scrapy import Request, Spider
 from scrapy.http import Response
 from scrapy.settings import Settings
-from scrapy.statscollectors import MemoryStatsCollector
 from scrapy.utils.test import get_crawler
 
-from scrapy_redisspine._guard import RedisGuard
-from scrapy_redisspine._host_policy import HostPolicy
-from scrapy_redisspine._leasebook import LeaseBook
 from scrapy_redisspine.frontier import Frontier, Lease, NewRequest, split_member
 from scrapy_redisspine.keys import CrawlKeys
 from scrapy_redisspine.middleware import Politeness, parse_retry_after
@@ -1003,37 +998,30 @@ class PoliteSpider(Spider):
         pass
 
 
-def _host_policy(**settings: Any) -> HostPolicy:
-    """A worker's host policy on its own (no Redis call is made)."""
-    config = load_config({"DOWNLOAD_DELAY_JITTER": 0, **settings})
-    stats = MemoryStatsCollector(get_crawler(PoliteSpider))
-    frontier = Frontier(fakeredis.FakeRedis(), KEYS, "w1")
-    return HostPolicy(config, frontier, RedisGuard(stats, time.monotonic), LeaseBook(), stats)
-
-
 class TestTakeOverDownloadDelay:
-    def test_setting_becomes_the_fleet_default_and_scrapys_delay_is_off(self) -> None:
-        hosts = _host_policy(DOWNLOAD_DELAY=2)
-        spider = PoliteSpider()
-        hosts.take_over_download_delay(spider)
-        assert spider.download_delay == 0  # type: ignore[attr-defined]
-        assert hosts.delays.default_seconds == 2.0
+    """Opening the scheduler makes Scrapy's download delay the fleet's default (the
+    spider's own ``download_delay`` first) and turns Scrapy's per-process delay off."""
 
-    def test_the_spiders_own_delay_wins(self) -> None:
-        hosts = _host_policy(DOWNLOAD_DELAY=2)
+    @pytest.mark.parametrize(
+        ("setting", "spiders_own", "fleet_default"),
+        [
+            pytest.param(2, None, 2.0, id="the-setting"),
+            pytest.param(2, 3.5, 3.5, id="the-spiders-own-wins"),
+            pytest.param(None, 1.25, 1.25, id="the-spiders-own-alone"),
+        ],
+    )
+    def test_open_takes_it_over(
+        self, make_scheduler: MakeScheduler, setting: float | None, spiders_own: float | None,
+        fleet_default: float,
+    ) -> None:
         spider = PoliteSpider()
-        spider.download_delay = 3.5  # type: ignore[attr-defined]
-        hosts.take_over_download_delay(spider)
+        if spiders_own is not None:
+            spider.download_delay = spiders_own  # type: ignore[attr-defined]
+        settings = {} if setting is None else {"DOWNLOAD_DELAY": setting}
+        scheduler = make_scheduler(spider=spider, **settings)
         assert spider.download_delay == 0  # type: ignore[attr-defined]
-        assert hosts.delays.default_seconds == 3.5
-        assert hosts.delays.next_delay_ms("a.example") == 3_500
-
-    def test_open_takes_it_over(self, make_scheduler: MakeScheduler) -> None:
-        spider = PoliteSpider()
-        spider.download_delay = 1.25  # type: ignore[attr-defined]
-        scheduler = make_scheduler(spider=spider)
-        assert spider.download_delay == 0  # type: ignore[attr-defined]
-        assert scheduler.hosts.delays.default_seconds == 1.25
+        assert scheduler.hosts.delays.default_seconds == fleet_default
+        assert scheduler.hosts.delays.next_delay_ms("a.example") == fleet_default * 1000
 
 
 class TestSchedulerPoliteness:
