@@ -23,6 +23,7 @@ from scrapy.statscollectors import MemoryStatsCollector
 from scrapy.utils.test import get_crawler
 from twisted.internet import task
 
+# Private: StubWorker assembles a WorkerView as Scheduler.__init__ does (no public builder).
 from scrapy_redisspine._guard import RedisGuard
 from scrapy_redisspine._host_policy import HostPolicy
 from scrapy_redisspine._leasebook import LeaseBook

@@ -594,6 +594,7 @@ def test_a_full_buffer_sends_its_acks(
 
 
 def test_buffered_ack_rest_counts_from_the_end_of_the_fetch() -> None:
+    # Private: the outbox's arithmetic at a fixed `now` (a scheduler would use Redis's clock).
     from scrapy_redisspine._outbox import ack_args
 
     sent = ack_args([
