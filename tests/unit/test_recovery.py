@@ -82,6 +82,15 @@ def _lease_and_die(frontier: Frontier, count: int) -> list[Lease]:
     return leases
 
 
+def _lease_and_stall(frontier: Frontier, count: int) -> list[Lease]:
+    """``frontier``'s worker leases up to ``count`` requests and heartbeats on, but the
+    leases are old (taken in 1970): past any lease ceiling."""
+    leases = frontier.lease(count).leases
+    _beat(frontier.client, frontier.keys, frontier.worker_id)
+    _age_leases(frontier.client, frontier.keys, [lease.key for lease in leases])
+    return leases
+
+
 def _age_leases(client: redis.Redis, keys: CrawlKeys, lease_keys: list[str]) -> None:
     """Pretend these leases were taken in 1970."""
     client.zadd(keys.leases, dict.fromkeys(lease_keys, 1))
@@ -148,13 +157,9 @@ class TestRequeueStale:
             lease.key for lease in live.lease(10).leases
         }
 
-    def test_a_live_workers_old_leases_stay_without_a_ceiling(
-        self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
-    ) -> None:
+    def test_a_live_workers_old_leases_stay_without_a_ceiling(self, frontier: Frontier) -> None:
         frontier.enqueue(_requests(b"a", b"b"))
-        leases = frontier.lease(2).leases
-        _beat(client, crawl_keys, "w1")
-        _age_leases(client, crawl_keys, [lease.key for lease in leases])
+        leases = _lease_and_stall(frontier, 2)
         assert _sweep(frontier, ceiling_ms=0) == SweepResult(0, 0, 0)
         assert frontier.counts() == (0, 2)
         assert frontier.ack([lease.handle for lease in leases]) == 2
@@ -247,13 +252,9 @@ class TestRequeueStale:
         (letter,) = frontier.dead_letters()
         assert "requeued 0 times" in letter.reason
 
-    def test_ceiling_dead_letter_names_the_ceiling(
-        self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
-    ) -> None:
+    def test_ceiling_dead_letter_names_the_ceiling(self, frontier: Frontier) -> None:
         frontier.enqueue(_requests(b"a"))
-        (lease,) = frontier.lease(1).leases
-        _beat(client, crawl_keys, "w1")
-        _age_leases(client, crawl_keys, [lease.key])
+        _lease_and_stall(frontier, 1)
         assert _sweep(frontier, ceiling_ms=60_000, max_requeues=0) == SweepResult(0, 1, 0)
         (letter,) = frontier.dead_letters()
         assert "60000 ms" in letter.reason
@@ -291,13 +292,9 @@ class TestRequeueStale:
         assert _sweep(frontier, limit=2) == SweepResult(2, 0, 0)
         assert _sweep(frontier, limit=2) == SweepResult(0, 0, 1)
 
-    def test_limit_bounds_the_ceiling_pass_too(
-        self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
-    ) -> None:
+    def test_limit_bounds_the_ceiling_pass_too(self, frontier: Frontier) -> None:
         frontier.enqueue(_requests(b"a", b"b", b"c"))
-        leases = frontier.lease(3).leases
-        _beat(client, crawl_keys, "w1")
-        _age_leases(client, crawl_keys, [lease.key for lease in leases])
+        _lease_and_stall(frontier, 3)
         assert _sweep(frontier, ceiling_ms=60_000, limit=2).requeued == 2
         assert _sweep(frontier, ceiling_ms=60_000, limit=2).requeued == 1
         assert frontier.counts() == (3, 0)
