@@ -20,6 +20,8 @@ from scrapy_redisspine.testing.site import TestSite
 if TYPE_CHECKING:
     from pathlib import Path
 
+    import redis
+
 
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[RedisServer]:
@@ -52,6 +54,23 @@ def redis_url(redis_server: RedisServer) -> str:
     finally:
         client.close()
     return redis_server.url
+
+
+@pytest.fixture
+def real_redis(redis_server: RedisServer, redis_url: str) -> Iterator[redis.Redis]:
+    """A client of the session's real redis-server, emptied for this test."""
+    client = redis_server.client()
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def outside_any_project(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Run in an empty directory with no Redis URL and no Scrapy project in the
+    environment, as the ``redisspine`` command is run by hand."""
+    for name in ("REDISSPINE_REDIS_URL", "REDIS_URL", "SCRAPY_SETTINGS_MODULE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.chdir(tmp_path)
 
 
 SiteFactory = Callable[..., TestSite]

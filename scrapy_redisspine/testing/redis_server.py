@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from scrapy_redisspine.connection import find_redis_server
+from scrapy_redisspine.testing._service import Service
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
-    from types import TracebackType
 
 _HOST = "127.0.0.1"
 _START_TIMEOUT_SECONDS = 10.0
@@ -50,7 +50,7 @@ class _PortTaken(Exception):
     """The server could not bind its port: pick another one."""
 
 
-class RedisServer:
+class RedisServer(Service):
     """One redis-server child process and its data directory.
 
     ``stop()`` shuts it down cleanly and removes a directory it created; ``kill()``
@@ -171,17 +171,6 @@ class RedisServer:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
-
-    def __enter__(self) -> RedisServer:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     # -- where it is and how it is doing ---------------------------------------------
 

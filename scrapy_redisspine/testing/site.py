@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from scrapy_redisspine.testing._service import Service
 from scrapy_redisspine.testing.linkgraph import LinkGraph, host_address, page_url
 from scrapy_redisspine.testing.requestlog import RequestLog, count_page_fetches, read_log
 
@@ -42,7 +43,6 @@ __all__ = ["TestSite", "count_page_fetches", "main", "read_log"]
 if TYPE_CHECKING:
     from collections import Counter
     from collections.abc import Iterable, Mapping, Sequence
-    from types import TracebackType
 
 _PAGE_PATH = re.compile(r"^/p/(\d+)$")
 _BIND_ATTEMPTS = 10
@@ -85,7 +85,7 @@ class _PageHandler(BaseHTTPRequestHandler):
         """Silenced: the site keeps its own structured log."""
 
 
-class TestSite:
+class TestSite(Service):
     """A running multi-host site; see the module docstring.
 
     ``latency`` delays every response; paths in ``slow_paths`` (``"/p/3"`` on any
@@ -172,17 +172,6 @@ class TestSite:
         self._servers.clear()
         self._threads.clear()
         self.log.close()
-
-    def __enter__(self) -> TestSite:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     # -- what the site contains -------------------------------------------------
 

@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from tests.integration.crawlproc import Fleet
+
 if TYPE_CHECKING:
     from scrapy_redisspine.testing.site import TestSite
 
@@ -41,3 +43,10 @@ def crawl_settings(
         "REDISSPINE_CRAWL_ID": "test-" + re.sub(r"[^A-Za-z0-9_.-]+", "-", request.node.name),
         "LINKS_START_URLS": ",".join(test_site.start_urls()),
     }
+
+
+@pytest.fixture
+def fleet(project_dir: Path, crawl_settings: dict[str, Any], worker_log_dir: Path) -> Fleet:
+    """``links`` workers of the test project on this test's crawl (``crawl_settings``),
+    logging in ``worker_log_dir``."""
+    return Fleet(project_dir, crawl_settings, worker_log_dir)

@@ -5,6 +5,10 @@ with its own reactor, sharing only Redis. Each worker writes its own Scrapy log
 (``LOG_FILE``) plus a file with its raw stdout/stderr (tracebacks from before
 logging is set up land there), and its outcome is parsed from the stats Scrapy
 dumps when the spider closes.
+
+:class:`Fleet` is how the tests start them: one spider of the test project, one
+crawl's settings, one log directory per test. The ``assert_*`` checks read a run's
+outcome from the workers' stats and from the test site's own request log.
 """
 
 from __future__ import annotations
@@ -18,14 +22,17 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import scrapy_redisspine
+from scrapy_redisspine.keys import CrawlKeys
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Callable, Mapping, Sequence
+
+    from scrapy_redisspine.testing.site import TestSite
 
 PACKAGE_ROOT = Path(scrapy_redisspine.__file__).resolve().parent.parent
 _STATS_MARKER = "Dumping Scrapy stats:"
@@ -239,3 +246,78 @@ def describe_workers(workers: Sequence[Worker], lines: int = _TAIL_LINES) -> str
             f"--- worker {worker.index} stdout/stderr ---\n{output_tail}"
         )
     return "\n".join(parts)
+
+
+@dataclass
+class Fleet:
+    """The workers of one test: ``spider`` of the project in ``project_dir``, on the
+    crawl of ``settings``, each worker logging under ``log_dir``.
+
+    ``settings`` (the test's crawl: Redis, crawl id, start URLs) is the default of
+    :meth:`start` and :meth:`run`; :meth:`crawling` adds to it.
+    """
+
+    project_dir: Path
+    settings: dict[str, Any]
+    log_dir: Path
+    spider: str = "links"
+    keys: CrawlKeys = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.keys = CrawlKeys("redisspine", str(self.settings["REDISSPINE_CRAWL_ID"]))
+
+    def crawling(self, site: TestSite | None = None, **extra: Any) -> dict[str, Any]:
+        """This crawl's settings and ``extra``; with ``site``, from its start pages."""
+        starts = {} if site is None else {"LINKS_START_URLS": ",".join(site.start_urls())}
+        return {**self.settings, **starts, **extra}
+
+    def start(
+        self, n: int, settings: Mapping[str, Any] | None = None, *, log: str = "",
+        **options: Any,
+    ) -> list[Worker]:
+        """Start ``n`` workers (logging in the subdirectory ``log``, if given)."""
+        return start_workers(self.project_dir, self.spider, n, self._settings(settings),
+                             log_dir=self.log_dir / log, **options)
+
+    def run(
+        self, n: int, settings: Mapping[str, Any] | None = None, *, log: str = "",
+        **options: Any,
+    ) -> list[WorkerResult]:
+        """Run ``n`` workers to their end (logging in the subdirectory ``log``, if given)."""
+        return run_workers(self.project_dir, self.spider, n, self._settings(settings),
+                           log_dir=self.log_dir / log, **options)
+
+    def _settings(self, settings: Mapping[str, Any] | None) -> Mapping[str, Any]:
+        return self.settings if settings is None else settings
+
+
+def assert_finished(results: Sequence[WorkerResult], reason: str = "finished") -> None:
+    """Every worker exited with code 0 and closed its spider for ``reason``."""
+    for result in results:
+        assert (result.returncode, result.finish_reason) == (0, reason), (
+            f"worker {result.index}: rc={result.returncode} reason={result.finish_reason}\n"
+            + result.log[-4000:]
+        )
+
+
+def assert_all_fetched(site: TestSite) -> dict[str, int]:
+    """Assert the site served every page; return the pages it served more than once."""
+    counts = site.fetch_counts()
+    missing = site.all_urls() - set(counts)
+    assert not missing, f"{len(missing)} page(s) never fetched, e.g. {sorted(missing)[:3]}"
+    return {url: n for url, n in counts.items() if n > 1}
+
+
+def assert_exactly_once(site: TestSite) -> None:
+    """The site served every page, and none twice."""
+    twice = assert_all_fetched(site)
+    assert not twice, f"page(s) fetched more than once: {twice}"
+
+
+def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    """Poll ``condition`` until it holds; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not in {timeout:.0f}s: {what}")
+        time.sleep(0.02)

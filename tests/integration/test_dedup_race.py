@@ -8,11 +8,10 @@ by other processes while the adders go on.
 from __future__ import annotations
 
 import hashlib
-import multiprocessing
 import random
 import time
 from collections import Counter
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pytest
 import redis
@@ -27,25 +26,13 @@ from scrapy_redisspine.dedup import (
 )
 from scrapy_redisspine.frontier import Frontier, NewRequest
 from scrapy_redisspine.keys import CrawlKeys
-
-if TYPE_CHECKING:
-    from collections.abc import Iterator
-
-    from scrapy_redisspine.testing.redis_server import RedisServer
+from tests.racing import run_at_once
 
 KEYS = CrawlKeys("redisspine", "dedup-race")
 N_ADDERS = 4
 BATCH = 25
 # Tiny target rate: a false positive would look like a lost request in these checks.
 BLOOM = {"backend": "bitmap", "capacity": 20_000, "error_rate": 1e-7}
-
-
-@pytest.fixture
-def real_redis(redis_server: RedisServer, redis_url: str) -> Iterator[redis.Redis]:
-    """A client of the session's real redis-server, emptied for this test."""
-    client = redis_server.client()
-    yield client
-    client.close()
 
 
 def fingerprint(index: int) -> bytes:
@@ -97,25 +84,6 @@ def _migrator(url: str, delay: float, start: Any, results: Any) -> None:
     results.put((f"migrator-{delay}", moved, switched))
 
 
-def _run(url: str, targets: list[tuple[Any, tuple[Any, ...]]]) -> list[Any]:
-    context = multiprocessing.get_context("spawn")
-    start = context.Barrier(len(targets))
-    results = context.Queue()
-    processes = [context.Process(target=target, args=(*args, start, results))
-                 for target, args in targets]
-    for process in processes:
-        process.start()
-    try:
-        collected = [results.get(timeout=120) for _ in processes]
-    finally:
-        for process in processes:
-            process.join(30)
-            if process.is_alive():
-                process.kill()
-    assert all(process.exitcode == 0 for process in processes)
-    return collected
-
-
 def _enqueued(results: list[Any]) -> Counter[int]:
     """How often each page was enqueued, from the statuses the adders got back."""
     return Counter(n for result in results if result[0].startswith("adder") for n in result[1])
@@ -136,9 +104,9 @@ def test_processes_enqueue_each_fingerprint_once(
         record.open()
         assert record.maintain().mode == MODE_BLOOM
     pages = range(2000)
-    results = _run(redis_url, [
-        (_adder, (redis_url, (f"adder-{i}", _shuffled(pages, i), False))) for i in range(N_ADDERS)
-    ])
+    adders = [(_adder, (redis_url, (f"adder-{i}", _shuffled(pages, i), False)))
+              for i in range(N_ADDERS)]
+    results = run_at_once(adders, timeout=120)
     queued = _enqueued(results)
     assert set(queued) == set(pages), "every page enqueued"
     assert max(queued.values()) == 1, "no page enqueued twice"
@@ -159,7 +127,7 @@ def test_live_switch_under_concurrent_adders(redis_url: str, real_redis: redis.R
         for i in range(N_ADDERS)
     ]
     migrators = [(_migrator, (redis_url, delay)) for delay in (0.05, 0.06)]
-    results = _run(redis_url, adders + migrators)
+    results = run_at_once(adders + migrators, timeout=120)
 
     queued = _enqueued(results)
     assert real_redis.zcard(KEYS.queue) == len(new)

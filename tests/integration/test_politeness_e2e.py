@@ -9,18 +9,16 @@ from __future__ import annotations
 
 from collections import defaultdict
 from itertools import pairwise
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pytest
 
-from tests.integration.crawlproc import run_workers
+from tests.integration.crawlproc import assert_all_fetched, assert_finished
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-    from pathlib import Path
-
     from scrapy_redisspine.testing.site import TestSite
-    from tests.integration.crawlproc import WorkerResult
+    from tests.conftest import SiteFactory
+    from tests.integration.crawlproc import Fleet
 
 pytestmark = pytest.mark.e2e
 
@@ -46,28 +44,15 @@ def _most_at_once(times: list[tuple[float, float]]) -> int:
     return most
 
 
-def _finished(results: list[WorkerResult]) -> None:
-    for result in results:
-        assert (result.returncode, result.finish_reason) == (0, "finished"), result.log[-3000:]
-
-
-def _settings(crawl_settings: dict[str, Any], site: TestSite, **extra: Any) -> dict[str, Any]:
-    return {**crawl_settings, "LINKS_START_URLS": ",".join(site.start_urls()), **extra}
-
-
 @pytest.mark.compat
 def test_three_workers_keep_every_hosts_delay_with_no_overlap(
-    project_dir: Path, site_factory: Callable[..., TestSite], crawl_settings: dict[str, Any],
-    worker_log_dir: Path,
+    fleet: Fleet, site_factory: SiteFactory
 ) -> None:
     delay = 0.4
     site = site_factory(hosts=3, pages_per_host=6, fanout=3, latency=0.05)
-    results = run_workers(
-        project_dir, "links", 3, _settings(crawl_settings, site, DOWNLOAD_DELAY=delay),
-        log_dir=worker_log_dir,
-    )
-    _finished(results)
-    assert set(site.fetch_counts()) == site.all_urls()
+    results = fleet.run(3, fleet.crawling(site, DOWNLOAD_DELAY=delay))
+    assert_finished(results)
+    assert_all_fetched(site)
     for host, times in _by_host(site).items():
         gaps = [later[0] - earlier[1] for earlier, later in pairwise(times)]
         assert min(gaps) >= -CLOCK_SLACK, f"{host}: two fetches overlapped"
@@ -77,29 +62,23 @@ def test_three_workers_keep_every_hosts_delay_with_no_overlap(
 
 
 def test_host_concurrency_two_is_never_exceeded_fleet_wide(
-    project_dir: Path, site_factory: Callable[..., TestSite], crawl_settings: dict[str, Any],
-    worker_log_dir: Path,
+    fleet: Fleet, site_factory: SiteFactory
 ) -> None:
     site = site_factory(hosts=2, pages_per_host=12, fanout=4, latency=0.25)
-    settings = _settings(crawl_settings, site, REDISSPINE_HOST_CONCURRENCY=2)
-    _finished(run_workers(project_dir, "links", 3, settings, log_dir=worker_log_dir))
+    assert_finished(fleet.run(3, fleet.crawling(site, REDISSPINE_HOST_CONCURRENCY=2)))
     most = {host: _most_at_once(times) for host, times in _by_host(site).items()}
     assert max(most.values()) == 2, most
 
 
 def test_a_host_with_a_deep_backlog_does_not_delay_the_others(
-    project_dir: Path, site_factory: Callable[..., TestSite], crawl_settings: dict[str, Any],
-    worker_log_dir: Path,
+    fleet: Fleet, site_factory: SiteFactory
 ) -> None:
     site = site_factory(hosts=3, pages_per_host=15, fanout=3, latency=0.02)
     slow_host = "127.0.0.10"
     # The slow host rests 0.5 s between fetches and so keeps a deep backlog; the
     # other two rest 0.05 s and must finish long before it.
-    settings = _settings(
-        crawl_settings, site, DOWNLOAD_DELAY=0.05,
-        REDISSPINE_HOST_DELAYS={slow_host: 0.5},
-    )
-    _finished(run_workers(project_dir, "links", 2, settings, log_dir=worker_log_dir))
+    settings = fleet.crawling(site, DOWNLOAD_DELAY=0.05, REDISSPINE_HOST_DELAYS={slow_host: 0.5})
+    assert_finished(fleet.run(2, settings))
     fetches = _by_host(site)
     slow_done = fetches[slow_host][-1][1]
     for host, times in fetches.items():
@@ -111,23 +90,21 @@ def test_a_host_with_a_deep_backlog_does_not_delay_the_others(
 
 
 def test_registered_domain_mode_gives_subdomains_one_budget(
-    project_dir: Path, site_factory: Callable[..., TestSite], crawl_settings: dict[str, Any],
-    worker_log_dir: Path,
+    fleet: Fleet, site_factory: SiteFactory
 ) -> None:
     delay = 0.3
     site = site_factory(hosts=2, pages_per_host=6, fanout=2, latency=0.05)
     names = {"a.site.co.uk": "127.0.0.10", "b.site.co.uk": "127.0.0.11"}
     starts = [f"http://{name}:{site.port}/p/0" for name in names]
-    settings = {
-        **crawl_settings,
-        "LINKS_START_URLS": ",".join(starts),
-        "LINKS_HOST_MAP": names,
-        "DNS_RESOLVER": "testproject.resolver.MappedResolver",
-        "TWISTED_DNS_RESOLVER": "testproject.resolver.MappedResolver",
-        "REDISSPINE_POLITENESS_KEY": "domain",
-        "DOWNLOAD_DELAY": delay,
-    }
-    _finished(run_workers(project_dir, "links", 3, settings, log_dir=worker_log_dir))
+    settings = fleet.crawling(
+        LINKS_START_URLS=",".join(starts),
+        LINKS_HOST_MAP=names,
+        DNS_RESOLVER="testproject.resolver.MappedResolver",
+        TWISTED_DNS_RESOLVER="testproject.resolver.MappedResolver",
+        REDISSPINE_POLITENESS_KEY="domain",
+        DOWNLOAD_DELAY=delay,
+    )
+    assert_finished(fleet.run(3, settings))
     named = {f"{name}:{site.port}" for name in names}
     times = sorted(
         (r["start"], r["end"], r["host_header"]) for r in site.requests()
@@ -141,15 +118,13 @@ def test_registered_domain_mode_gives_subdomains_one_budget(
 
 
 def test_retry_after_blocks_the_host_for_the_whole_fleet(
-    project_dir: Path, site_factory: Callable[..., TestSite], crawl_settings: dict[str, Any],
-    worker_log_dir: Path,
+    fleet: Fleet, site_factory: SiteFactory
 ) -> None:
     site = site_factory(hosts=2, pages_per_host=10, fanout=3, latency=0.02,
                         busy_paths={"127.0.0.10/p/2": 2.0})
-    settings = _settings(crawl_settings, site, CONCURRENT_REQUESTS=4)
-    results = run_workers(project_dir, "links", 3, settings, log_dir=worker_log_dir)
-    _finished(results)
-    assert set(site.fetch_counts()) == site.all_urls(), "the 429 page was retried and fetched"
+    results = fleet.run(3, fleet.crawling(site, CONCURRENT_REQUESTS=4))
+    assert_finished(results)
+    assert_all_fetched(site)  # the 429 page too: it was retried
     [busy] = [r for r in site.requests() if r["status"] == 429]
     after = [r["start"] for r in site.requests()
              if r["host"] == "127.0.0.10" and r["start"] > busy["end"]]
@@ -162,16 +137,14 @@ def test_retry_after_blocks_the_host_for_the_whole_fleet(
 
 
 def test_robots_crawl_delay_is_learned_once_and_kept_by_the_fleet(
-    project_dir: Path, site_factory: Callable[..., TestSite], crawl_settings: dict[str, Any],
-    worker_log_dir: Path,
+    fleet: Fleet, site_factory: SiteFactory
 ) -> None:
     crawl_delay = 0.6
     site = site_factory(hosts=2, pages_per_host=5, fanout=2, latency=0.02,
                         robots_txt=f"User-agent: *\nCrawl-delay: {crawl_delay}\n")
-    settings = _settings(crawl_settings, site, ROBOTSTXT_OBEY=True)
-    results = run_workers(project_dir, "links", 3, settings, log_dir=worker_log_dir)
-    _finished(results)
-    assert set(site.fetch_counts()) == site.all_urls()
+    results = fleet.run(3, fleet.crawling(site, ROBOTSTXT_OBEY=True))
+    assert_finished(results)
+    assert_all_fetched(site)
     for host, times in _by_host(site).items():
         gaps = [later[0] - earlier[1] for earlier, later in pairwise(times)]
         # The first fetch of a host may come before any worker has read its

@@ -13,68 +13,42 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-import redis
 
-from scrapy_redisspine.keys import CrawlKeys
 from scrapy_redisspine.push import push_requests
-from tests.integration.crawlproc import run_workers, start_workers, wait_workers
+from tests.integration.crawlproc import (
+    assert_exactly_once,
+    assert_finished,
+    wait_for,
+    wait_workers,
+)
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    import redis
 
     from scrapy_redisspine.testing.site import TestSite
-    from tests.integration.crawlproc import WorkerResult
+    from tests.conftest import SiteFactory
+    from tests.integration.crawlproc import Fleet
 
 pytestmark = pytest.mark.e2e
 
 
-def _assert_exactly_once(site: TestSite) -> None:
-    counts = site.fetch_counts()
-    missing = site.all_urls() - set(counts)
-    twice = {url: n for url, n in counts.items() if n > 1}
-    assert not missing, f"{len(missing)} page(s) never fetched, e.g. {sorted(missing)[:3]}"
-    assert not twice, f"page(s) fetched more than once: {twice}"
-
-
-def _assert_finished(results: list[WorkerResult]) -> None:
-    for result in results:
-        assert (result.returncode, result.finish_reason) == (0, "finished"), (
-            f"worker {result.index}: rc={result.returncode} reason={result.finish_reason}\n"
-            + result.log[-4000:]
-        )
-
-
-def _keys(settings: dict[str, Any]) -> CrawlKeys:
-    return CrawlKeys("redisspine", settings["REDISSPINE_CRAWL_ID"])
-
-
 @pytest.mark.compat
 def test_three_workers_fetch_every_page_exactly_once(
-    project_dir: Path,
-    site_factory: Callable[..., TestSite],
-    redis_url: str,
-    crawl_settings: dict[str, Any],
-    worker_log_dir: Path,
+    fleet: Fleet, site_factory: SiteFactory, real_redis: redis.Redis
 ) -> None:
     site = site_factory(hosts=4, pages_per_host=40, fanout=5)
-    settings = {**crawl_settings, "LINKS_START_URLS": ",".join(site.start_urls())}
-    results = run_workers(project_dir, "links", 3, settings, log_dir=worker_log_dir)
-    _assert_finished(results)
-    _assert_exactly_once(site)
+    results = fleet.run(3, fleet.crawling(site))
+    assert_finished(results)
+    assert_exactly_once(site)
     assert sum(r.stats.get("item_scraped_count", 0) for r in results) == len(site.all_urls())
-    client = redis.Redis.from_url(redis_url)
-    keys = _keys(settings)
-    assert client.zcard(keys.queue) == 0
-    assert client.hlen(keys.inflight) == 0
-    assert client.zcard(keys.leases) == 0
+    assert real_redis.zcard(fleet.keys.queue) == 0
+    assert real_redis.hlen(fleet.keys.inflight) == 0
+    assert real_redis.zcard(fleet.keys.leases) == 0
 
 
-def test_start_requests_enter_once_even_with_dont_filter(
-    project_dir: Path, test_site: TestSite, crawl_settings: dict[str, Any], worker_log_dir: Path
-) -> None:
-    settings = {**crawl_settings, "LINKS_START_DONT_FILTER": True}
-    results = run_workers(project_dir, "links", 3, settings, log_dir=worker_log_dir)
-    _assert_finished(results)
+def test_start_requests_enter_once_even_with_dont_filter(fleet: Fleet, test_site: TestSite) -> None:
+    results = fleet.run(3, fleet.crawling(LINKS_START_DONT_FILTER=True))
+    assert_finished(results)
     counts = test_site.fetch_counts()
     for url in test_site.start_urls():
         # A start page may also be discovered as a link; with dont_filter it is then
@@ -84,29 +58,17 @@ def test_start_requests_enter_once_even_with_dont_filter(
     assert skipped == 2 * len(test_site.start_urls())
 
 
-def test_persisted_crawl_resumes_where_it_stopped(
-    project_dir: Path,
-    site_factory: Callable[..., TestSite],
-    crawl_settings: dict[str, Any],
-    worker_log_dir: Path,
-) -> None:
+def test_persisted_crawl_resumes_where_it_stopped(fleet: Fleet, site_factory: SiteFactory) -> None:
     site = site_factory(hosts=3, pages_per_host=30)
-    settings = {
-        **crawl_settings,
-        "LINKS_START_URLS": ",".join(site.start_urls()),
-        "LINKS_START_DONT_FILTER": True,
-    }
-    first = run_workers(
-        project_dir, "links", 1, {**settings, "CLOSESPIDER_PAGECOUNT": 15,
-                                  "CONCURRENT_REQUESTS": 2},
-        log_dir=worker_log_dir / "first",
-    )
+    settings = fleet.crawling(site, LINKS_START_DONT_FILTER=True)
+    first = fleet.run(1, {**settings, "CLOSESPIDER_PAGECOUNT": 15, "CONCURRENT_REQUESTS": 2},
+                      log="first")
     assert first[0].finish_reason == "closespider_pagecount", first[0].log[-3000:]
     fetched_first = sum(site.fetch_counts().values())
     assert fetched_first < len(site.all_urls())
 
-    second = run_workers(project_dir, "links", 2, settings, log_dir=worker_log_dir / "second")
-    _assert_finished(second)
+    second = fleet.run(2, settings, log="second")
+    assert_finished(second)
     _assert_start_pages_at_most_twice_and_rest_once(site)
 
 
@@ -118,103 +80,70 @@ def _assert_start_pages_at_most_twice_and_rest_once(site: TestSite) -> None:
     assert all(counts[u] <= 2 for u in starts)
 
 
-def test_flush_on_start_crawls_again_from_scratch(
-    project_dir: Path, test_site: TestSite, crawl_settings: dict[str, Any], worker_log_dir: Path
-) -> None:
-    _assert_finished(run_workers(project_dir, "links", 1, crawl_settings,
-                                 log_dir=worker_log_dir / "a"))
+def test_flush_on_start_crawls_again_from_scratch(fleet: Fleet, test_site: TestSite) -> None:
+    assert_finished(fleet.run(1, log="a"))
     # Persisted and finished: without a flush there is nothing left to do.
-    again = run_workers(project_dir, "links", 1, crawl_settings, log_dir=worker_log_dir / "b")
-    _assert_finished(again)
+    again = fleet.run(1, log="b")
+    assert_finished(again)
     assert again[0].stats.get("downloader/request_count", 0) == 0
-    flushed = run_workers(
-        project_dir, "links", 2, {**crawl_settings, "REDISSPINE_FLUSH_ON_START": True},
-        log_dir=worker_log_dir / "c",
-    )
-    _assert_finished(flushed)
+    flushed = fleet.run(2, fleet.crawling(REDISSPINE_FLUSH_ON_START=True), log="c")
+    assert_finished(flushed)
     assert sum(r.stats.get("downloader/request_count", 0) for r in flushed) == len(
         test_site.all_urls()
     )
 
 
 def test_persist_off_deletes_the_crawl_when_it_finishes(
-    project_dir: Path,
-    test_site: TestSite,
-    redis_url: str,
-    crawl_settings: dict[str, Any],
-    worker_log_dir: Path,
+    fleet: Fleet, test_site: TestSite, real_redis: redis.Redis
 ) -> None:
-    settings = {**crawl_settings, "REDISSPINE_PERSIST": False}
-    _assert_finished(run_workers(project_dir, "links", 2, settings, log_dir=worker_log_dir))
-    client = redis.Redis.from_url(redis_url)
-    assert [key for key in _keys(settings).all_crawl_keys() if client.exists(key)] == []
+    assert_finished(fleet.run(2, fleet.crawling(REDISSPINE_PERSIST=False)))
+    assert [key for key in fleet.keys.all_crawl_keys() if real_redis.exists(key)] == []
 
 
 def test_garbage_and_unstorable_requests_are_reported_and_the_crawl_goes_on(
-    project_dir: Path,
-    test_site: TestSite,
-    redis_url: str,
-    crawl_settings: dict[str, Any],
-    worker_log_dir: Path,
+    fleet: Fleet, test_site: TestSite, real_redis: redis.Redis
 ) -> None:
-    keys = _keys(crawl_settings)
-    client = redis.Redis.from_url(redis_url)
-    client.zadd(keys.queue, {b"000000000000000\xffnot a request": 0})
-    settings = {**crawl_settings, "LINKS_BAD_META_PAGE": "/p/3"}
-    results = run_workers(project_dir, "links", 2, settings, log_dir=worker_log_dir)
-    _assert_finished(results)
-    _assert_exactly_once(test_site)
+    real_redis.zadd(fleet.keys.queue, {b"000000000000000\xffnot a request": 0})
+    results = fleet.run(2, fleet.crawling(LINKS_BAD_META_PAGE="/p/3"))
+    assert_finished(results)
+    assert_exactly_once(test_site)
     logs = "\n".join(r.log for r in results)
     assert "moved to dead letters" in logs
     assert "meta['handle'] holds a object" in logs
     assert sum(r.stats.get("redisspine/scheduler/unserializable", 0) for r in results) >= 1
-    [dead] = client.hvals(keys.dead)
+    [dead] = real_redis.hvals(fleet.keys.dead)
     assert dead.startswith(b"malformed queue member")
 
 
 def test_graceful_stop_returns_unstarted_leases(
-    project_dir: Path,
-    site_factory: Callable[..., TestSite],
-    redis_url: str,
-    crawl_settings: dict[str, Any],
-    worker_log_dir: Path,
+    fleet: Fleet, site_factory: SiteFactory, real_redis: redis.Redis
 ) -> None:
     site = site_factory(hosts=3, pages_per_host=25, latency=0.15)
-    settings = {
-        **crawl_settings,
-        "LINKS_START_URLS": ",".join(site.start_urls()),
-        "CONCURRENT_REQUESTS": 2,
-        "REDISSPINE_LEASE_BATCH_SIZE": 8,
-    }
-    [stopping] = start_workers(project_dir, "links", 1, settings, log_dir=worker_log_dir / "a")
+    settings = fleet.crawling(site, CONCURRENT_REQUESTS=2, REDISSPINE_LEASE_BATCH_SIZE=8)
+    [stopping] = fleet.start(1, settings, log="a")
     deadline = time.monotonic() + 30
     while len(site.requests()) < 6 and time.monotonic() < deadline:
         time.sleep(0.05)
     stopping.process.send_signal(signal.SIGINT)
     [stopped] = wait_workers([stopping], timeout=60)
     assert stopped.finish_reason == "shutdown", stopped.log[-3000:]
-    client = redis.Redis.from_url(redis_url)
-    assert client.hlen(_keys(settings).inflight) == 0, "a stopped worker kept leases"
-    _assert_finished(run_workers(project_dir, "links", 2, settings, log_dir=worker_log_dir / "b"))
-    _assert_exactly_once(site)
+    assert real_redis.hlen(fleet.keys.inflight) == 0, "a stopped worker kept leases"
+    assert_finished(fleet.run(2, settings, log="b"))
+    assert_exactly_once(site)
 
 
 def test_idle_worker_picks_up_pushed_work_quickly_without_hammering_redis(
-    project_dir: Path,
-    test_site: TestSite,
-    redis_url: str,
-    crawl_settings: dict[str, Any],
-    worker_log_dir: Path,
+    fleet: Fleet, test_site: TestSite, real_redis: redis.Redis
 ) -> None:
-    settings = {**crawl_settings, "REDISSPINE_KEEP_ALIVE": True, "CLOSESPIDER_ITEMCOUNT": 0}
-    client = redis.Redis.from_url(redis_url)
-    [worker] = start_workers(project_dir, "links", 1, settings, log_dir=worker_log_dir)
+    settings = fleet.crawling(REDISSPINE_KEEP_ALIVE=True, CLOSESPIDER_ITEMCOUNT=0)
+    [worker] = fleet.start(1, settings)
     try:
-        _wait_for(lambda: len(test_site.fetch_counts()) == len(test_site.all_urls()), 60)
+        wait_for(lambda: len(test_site.fetch_counts()) == len(test_site.all_urls()), 60,
+                 "the site crawled")
         time.sleep(1.0)  # the worker is now idle, kept alive
-        before = _calls(client)
+        before = _calls(real_redis)
         time.sleep(2.0)
-        after = _calls(client)
+        after = _calls(real_redis)
         # Mechanism, not speed: the engine's own heartbeat would be 0.2 calls/s and a
         # busy loop thousands; the design bound is ~20 round trips/s. Commands run
         # inside a script count in commandstats too, hence the looser second bound.
@@ -224,8 +153,9 @@ def test_idle_worker_picks_up_pushed_work_quickly_without_hammering_redis(
         assert commands_per_second <= 250, f"idle worker: {commands_per_second:.1f} commands/s"
         url = test_site.start_urls()[0] + "?pushed=1"
         pushed_at = time.time()
-        push_requests(client, settings["REDISSPINE_CRAWL_ID"], [_request(url)])
-        _wait_for(lambda: any(r["path"].endswith("?pushed=1") for r in test_site.requests()), 10)
+        push_requests(real_redis, settings["REDISSPINE_CRAWL_ID"], [_request(url)])
+        wait_for(lambda: any(r["path"].endswith("?pushed=1") for r in test_site.requests()), 10,
+                 "the pushed URL fetched")
         started = next(r["start"] for r in test_site.requests() if r["path"].endswith("pushed=1"))
         # ~100 ms by design; 1 s here proves it is not the engine's 5 s heartbeat.
         assert started - pushed_at < 1.0
@@ -247,31 +177,17 @@ def _calls(client: redis.Redis) -> dict[str, int]:
     return calls
 
 
-def _wait_for(condition: Callable[[], bool], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.05)
-
-
 def test_round_trips_per_page_are_batched(
-    project_dir: Path,
-    site_factory: Callable[..., TestSite],
-    redis_url: str,
-    crawl_settings: dict[str, Any],
-    worker_log_dir: Path,
+    fleet: Fleet, site_factory: SiteFactory, real_redis: redis.Redis
 ) -> None:
     site = site_factory(hosts=4, pages_per_host=50, fanout=6)
     # Scrapy's own default per-domain concurrency: with one request per host in
     # flight (the polite default) there is little to batch.
-    settings = {**crawl_settings, "LINKS_START_URLS": ",".join(site.start_urls()),
-                "REDISSPINE_HOST_CONCURRENCY": 8}
-    client = redis.Redis.from_url(redis_url)
-    client.config_resetstat()
-    _assert_finished(run_workers(project_dir, "links", 2, settings, log_dir=worker_log_dir))
+    settings = fleet.crawling(site, REDISSPINE_HOST_CONCURRENCY=8)
+    real_redis.config_resetstat()
+    assert_finished(fleet.run(2, settings))
     pages = len(site.all_urls())
-    evalsha = int(client.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
+    evalsha = int(real_redis.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
     # enqueue+ack of a page's children is one call, leases come in batches; idle
     # polls, heartbeats and sweeps add a little (issue 6's benchmark measures the
     # amortized figure on bigger crawls). One call per request would be >= 3.
@@ -280,7 +196,7 @@ def test_round_trips_per_page_are_batched(
 
 @pytest.mark.compat
 def test_embedded_redis_is_started_shared_persisted_and_stopped(
-    project_dir: Path, test_site: TestSite, worker_log_dir: Path
+    fleet: Fleet, test_site: TestSite
 ) -> None:
     import tempfile
 
@@ -292,19 +208,17 @@ def test_embedded_redis_is_started_shared_persisted_and_stopped(
         "LINKS_START_URLS": ",".join(test_site.start_urls()),
     }
     try:
-        results = run_workers(project_dir, "links", 2, settings,
-                              log_dir=worker_log_dir / "a")
-        _assert_finished(results)
-        _assert_exactly_once(test_site)
+        results = fleet.run(2, settings, log="a")
+        assert_finished(results)
+        assert_exactly_once(test_site)
         logs = "\n".join(r.log for r in results)
         assert logs.count("starting embedded redis-server") == 1
         assert "joining embedded redis-server" in logs
         assert not (embedded / "redis.sock").exists(), "the last worker should stop the server"
         assert (embedded / "appendonlydir").is_dir()
         # The crawl persisted across the server's stop: a rerun finds it done.
-        [rerun] = run_workers(project_dir, "links", 1, settings,
-                              log_dir=worker_log_dir / "b")
-        _assert_finished([rerun])
+        [rerun] = fleet.run(1, settings, log="b")
+        assert_finished([rerun])
         assert rerun.stats.get("downloader/request_count", 0) == 0
     finally:
         shutdown_embedded_if_unused(embedded)

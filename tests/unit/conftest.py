@@ -51,14 +51,6 @@ def backend(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-def real_redis(redis_server: RedisServer, redis_url: str) -> Iterator[redis.Redis]:
-    """A client of the session's real redis-server, emptied for this test."""
-    client = redis_server.client()
-    yield client
-    client.close()
-
-
-@pytest.fixture
 def make_client(
     backend: str, request: pytest.FixtureRequest
 ) -> Callable[[], redis.Redis]:

@@ -18,14 +18,9 @@ if TYPE_CHECKING:
 
     import redis
 
+pytestmark = pytest.mark.usefixtures("outside_any_project")
+
 KEYS = CrawlKeys("redisspine", "books")
-
-
-@pytest.fixture(autouse=True)
-def _outside_any_project(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    for name in ("REDISSPINE_REDIS_URL", "REDIS_URL", "SCRAPY_SETTINGS_MODULE"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.chdir(tmp_path)
 
 
 def run(url: str, *args: str) -> int:

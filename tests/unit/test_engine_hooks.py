@@ -12,9 +12,10 @@ from typing import Any
 
 import pytest
 import scrapy
-from scrapy.core.engine import _Slot
+from scrapy.core.engine import _Slot  # private on purpose: the internals under watch
 from scrapy.utils.reactor import CallLaterOnce
 
+# Private on purpose: these tests check the one module that reaches into Scrapy.
 from scrapy_redisspine._engine import EngineHooks, UnsupportedScrapyError, check_engine
 
 pytestmark = pytest.mark.compat

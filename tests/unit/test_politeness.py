@@ -17,18 +17,13 @@ from collections import Counter
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
-import fakeredis
 import pytest
 from scrapy import Request, Spider
 from scrapy.http import Response
 from scrapy.settings import Settings
-from scrapy.statscollectors import MemoryStatsCollector
 from scrapy.utils.test import get_crawler
 
-from scrapy_redisspine._guard import RedisGuard
-from scrapy_redisspine._host_policy import HostPolicy
-from scrapy_redisspine._leasebook import LeaseBook
-from scrapy_redisspine.frontier import Frontier, NewRequest, split_member
+from scrapy_redisspine.frontier import Frontier, Lease, NewRequest, split_member
 from scrapy_redisspine.keys import CrawlKeys
 from scrapy_redisspine.middleware import Politeness, parse_retry_after
 from scrapy_redisspine.politeness import DelayPolicy, make_lane_function
@@ -93,6 +88,16 @@ def _assert_lane_bookkeeping(client: redis.Redis, keys: CrawlKeys, concurrency: 
     # at once go in the order they were freed).
     late = {lane: score for lane, score in scheduled.items() if score < next_at.get(lane, 0)}
     assert not late, f"lanes scheduled before their rest ends: {late} (rests: {next_at})"
+
+
+def _resting_lane_with_a_lease_left(make_frontier: FrontierFactory) -> tuple[Frontier, Lease]:
+    """Lane a.example (two slots) was leased twice: one fetch was acked with a long
+    rest (:data:`REST_MS`), the other lease is still held and is returned."""
+    frontier = make_frontier(concurrency=2)
+    frontier.enqueue(_lane_requests("a.example", 3))
+    fetched, held = frontier.lease(10).leases
+    assert frontier.ack([(fetched.key, fetched.token, REST_MS)]) == 1
+    return frontier, held
 
 
 # -- one lane, many workers: the slots ----------------------------------------------------
@@ -161,14 +166,9 @@ class TestSlots:
         (again,) = w2.lease(10).leases
         assert (again.key, again.payload) == (lease.key, lease.payload)
 
-    def test_release_keeps_an_earlier_rest(
-        self, make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys
-    ) -> None:
+    def test_release_keeps_an_earlier_rest(self, make_frontier: FrontierFactory) -> None:
         # A rest from the previous fetch still holds after an unstarted lease returns.
-        frontier = make_frontier(concurrency=2)
-        frontier.enqueue(_lane_requests("a.example", 3))
-        fetched, unstarted = frontier.lease(10).leases
-        assert frontier.ack([(fetched.key, fetched.token, REST_MS)]) == 1
+        frontier, unstarted = _resting_lane_with_a_lease_left(make_frontier)
         assert frontier.release([unstarted.handle]) == 1
         assert frontier.lease(10).leases == []
 
@@ -313,10 +313,7 @@ class TestRest:
         self, make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys
     ) -> None:
         # e.g. a Retry-After block from one fetch, then a plain delay from another
-        frontier = make_frontier(concurrency=2)
-        frontier.enqueue(_lane_requests("a.example", 3))
-        blocked, plain = frontier.lease(10).leases
-        assert frontier.ack([(blocked.key, blocked.token, REST_MS)]) == 1
+        frontier, plain = _resting_lane_with_a_lease_left(make_frontier)
         blocked_until = int(client.hget(crawl_keys.host_next, "a.example"))
         assert frontier.ack([(plain.key, plain.token, 10)]) == 1
         assert int(client.hget(crawl_keys.host_next, "a.example")) == blocked_until
@@ -1002,37 +999,30 @@ class PoliteSpider(Spider):
         pass
 
 
-def _host_policy(**settings: Any) -> HostPolicy:
-    """A worker's host policy on its own (no Redis call is made)."""
-    config = load_config({"DOWNLOAD_DELAY_JITTER": 0, **settings})
-    stats = MemoryStatsCollector(get_crawler(PoliteSpider))
-    frontier = Frontier(fakeredis.FakeRedis(), KEYS, "w1")
-    return HostPolicy(config, frontier, RedisGuard(stats, time.monotonic), LeaseBook(), stats)
-
-
 class TestTakeOverDownloadDelay:
-    def test_setting_becomes_the_fleet_default_and_scrapys_delay_is_off(self) -> None:
-        hosts = _host_policy(DOWNLOAD_DELAY=2)
-        spider = PoliteSpider()
-        hosts.take_over_download_delay(spider)
-        assert spider.download_delay == 0  # type: ignore[attr-defined]
-        assert hosts.delays.default_seconds == 2.0
+    """Opening the scheduler makes Scrapy's download delay the fleet's default (the
+    spider's own ``download_delay`` first) and turns Scrapy's per-process delay off."""
 
-    def test_the_spiders_own_delay_wins(self) -> None:
-        hosts = _host_policy(DOWNLOAD_DELAY=2)
+    @pytest.mark.parametrize(
+        ("setting", "spiders_own", "fleet_default"),
+        [
+            pytest.param(2, None, 2.0, id="the-setting"),
+            pytest.param(2, 3.5, 3.5, id="the-spiders-own-wins"),
+            pytest.param(None, 1.25, 1.25, id="the-spiders-own-alone"),
+        ],
+    )
+    def test_open_takes_it_over(
+        self, make_scheduler: MakeScheduler, setting: float | None, spiders_own: float | None,
+        fleet_default: float,
+    ) -> None:
         spider = PoliteSpider()
-        spider.download_delay = 3.5  # type: ignore[attr-defined]
-        hosts.take_over_download_delay(spider)
+        if spiders_own is not None:
+            spider.download_delay = spiders_own  # type: ignore[attr-defined]
+        settings = {} if setting is None else {"DOWNLOAD_DELAY": setting}
+        scheduler = make_scheduler(spider=spider, **settings)
         assert spider.download_delay == 0  # type: ignore[attr-defined]
-        assert hosts.delays.default_seconds == 3.5
-        assert hosts.delays.next_delay_ms("a.example") == 3_500
-
-    def test_open_takes_it_over(self, make_scheduler: MakeScheduler) -> None:
-        spider = PoliteSpider()
-        spider.download_delay = 1.25  # type: ignore[attr-defined]
-        scheduler = make_scheduler(spider=spider)
-        assert spider.download_delay == 0  # type: ignore[attr-defined]
-        assert scheduler.hosts.delays.default_seconds == 1.25
+        assert scheduler.hosts.delays.default_seconds == fleet_default
+        assert scheduler.hosts.delays.next_delay_ms("a.example") == fleet_default * 1000
 
 
 class TestSchedulerPoliteness:
@@ -1074,9 +1064,7 @@ class TestSchedulerPoliteness:
         scheduler.hosts.block_host(Request("http://a.example/robots.txt"), 120)
         assert scheduler.stats.get_value("redisspine/politeness/retry_after") is None
 
-    def test_no_host_lane_is_not_rested(
-        self, make_scheduler: MakeScheduler, client: redis.Redis
-    ) -> None:
+    def test_no_host_lane_is_not_rested(self, make_scheduler: MakeScheduler) -> None:
         scheduler = make_scheduler(DOWNLOAD_DELAY=60)
         scheduler.enqueue_request(Request("data:,one"))
         scheduler.enqueue_request(Request("data:,two"))

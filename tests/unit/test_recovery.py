@@ -9,8 +9,8 @@ test spawns its own (the session server is shared by every test).
 
 from __future__ import annotations
 
+import contextlib
 import logging
-import multiprocessing
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -23,12 +23,14 @@ from scrapy.statscollectors import MemoryStatsCollector
 from scrapy.utils.test import get_crawler
 from twisted.internet import task
 
+# Private: StubWorker assembles a WorkerView as Scheduler.__init__ does (no public builder).
 from scrapy_redisspine._guard import RedisGuard
 from scrapy_redisspine._host_policy import HostPolicy
 from scrapy_redisspine._leasebook import LeaseBook
 from scrapy_redisspine.extension import Recovery
 from scrapy_redisspine.frontier import (
     Frontier,
+    Lease,
     NewRequest,
     SweepResult,
     priority_key,
@@ -39,9 +41,12 @@ from scrapy_redisspine.keys import CrawlKeys
 from scrapy_redisspine.settings import ConfigError, load_config
 from scrapy_redisspine.signals import WorkerView
 from scrapy_redisspine.testing.redis_server import RedisServer
+from tests.racing import run_at_once
 from tests.unit.conftest import SchedSpider, build_scheduler, finish
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     from scrapy_redisspine.scheduler import Scheduler
     from tests.unit.conftest import FrontierFactory, MakeScheduler
 
@@ -68,6 +73,22 @@ def _silence(client: redis.Redis, keys: CrawlKeys, worker_id: str) -> None:
 
 def _beat(client: redis.Redis, keys: CrawlKeys, worker_id: str) -> None:
     client.zadd(keys.workers, {worker_id: _server_ms(client)})
+
+
+def _lease_and_die(frontier: Frontier, count: int) -> list[Lease]:
+    """``frontier``'s worker leases up to ``count`` requests, then falls silent."""
+    leases = frontier.lease(count).leases
+    _silence(frontier.client, frontier.keys, frontier.worker_id)
+    return leases
+
+
+def _lease_and_stall(frontier: Frontier, count: int) -> list[Lease]:
+    """``frontier``'s worker leases up to ``count`` requests and heartbeats on, but the
+    leases are old (taken in 1970): past any lease ceiling."""
+    leases = frontier.lease(count).leases
+    _beat(frontier.client, frontier.keys, frontier.worker_id)
+    _age_leases(frontier.client, frontier.keys, [lease.key for lease in leases])
+    return leases
 
 
 def _age_leases(client: redis.Redis, keys: CrawlKeys, lease_keys: list[str]) -> None:
@@ -136,13 +157,9 @@ class TestRequeueStale:
             lease.key for lease in live.lease(10).leases
         }
 
-    def test_a_live_workers_old_leases_stay_without_a_ceiling(
-        self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
-    ) -> None:
+    def test_a_live_workers_old_leases_stay_without_a_ceiling(self, frontier: Frontier) -> None:
         frontier.enqueue(_requests(b"a", b"b"))
-        leases = frontier.lease(2).leases
-        _beat(client, crawl_keys, "w1")
-        _age_leases(client, crawl_keys, [lease.key for lease in leases])
+        leases = _lease_and_stall(frontier, 2)
         assert _sweep(frontier, ceiling_ms=0) == SweepResult(0, 0, 0)
         assert frontier.upkeep.counts() == (0, 2)
         assert frontier.ack([lease.handle for lease in leases]) == 2
@@ -176,8 +193,7 @@ class TestRequeueStale:
             ]
         )
         before = _queue(client, crawl_keys)
-        leased = dead.lease(4).leases
-        _silence(client, crawl_keys, "dead")
+        leased = _lease_and_die(dead, 4)
         assert _sweep(dead).requeued == 4
         assert _queue(client, crawl_keys) == before
         again = make_frontier("w2").lease(4).leases
@@ -192,9 +208,8 @@ class TestRequeueStale:
         frontier = make_frontier("w1")
         frontier.enqueue(_requests(b"a"))
         for expected in (0, 1, 2):
-            (lease,) = frontier.lease(1).leases
+            (lease,) = _lease_and_die(frontier, 1)
             assert lease.requeues == expected
-            _silence(client, crawl_keys, "w1")
             assert _sweep(frontier).requeued == 1
         assert client.hget(crawl_keys.requeues, lease.key) == b"3"
         (lease,) = frontier.lease(1).leases
@@ -206,12 +221,10 @@ class TestRequeueStale:
         frontier.enqueue([NewRequest(b"crasher", b"fp", priority=7, lane="h.example")])
         (member,) = client.zrange(crawl_keys.queue, 0, -1)
         for _ in range(2):
-            frontier.lease(1)
-            _silence(client, crawl_keys, "w1")
+            _lease_and_die(frontier, 1)
             assert _sweep(frontier, max_requeues=2) == SweepResult(1, 0, 1)
-        (lease,) = frontier.lease(1).leases
+        (lease,) = _lease_and_die(frontier, 1)
         assert lease.requeues == 2
-        _silence(client, crawl_keys, "w1")
 
         assert _sweep(frontier, max_requeues=2) == SweepResult(0, 1, 1)
         assert frontier.upkeep.counts() == (0, 0)
@@ -232,23 +245,16 @@ class TestRequeueStale:
         stats = _stats(client, crawl_keys)
         assert (stats["requeued"], stats["dead_lettered"]) == (2, 1)
 
-    def test_max_requeues_zero_dead_letters_at_once(
-        self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
-    ) -> None:
+    def test_max_requeues_zero_dead_letters_at_once(self, frontier: Frontier) -> None:
         frontier.enqueue(_requests(b"a"))
-        frontier.lease(1)
-        _silence(client, crawl_keys, "w1")
+        _lease_and_die(frontier, 1)
         assert _sweep(frontier, max_requeues=0) == SweepResult(0, 1, 1)
         (letter,) = frontier.upkeep.dead_letters()
         assert "requeued 0 times" in letter.reason
 
-    def test_ceiling_dead_letter_names_the_ceiling(
-        self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
-    ) -> None:
+    def test_ceiling_dead_letter_names_the_ceiling(self, frontier: Frontier) -> None:
         frontier.enqueue(_requests(b"a"))
-        (lease,) = frontier.lease(1).leases
-        _beat(client, crawl_keys, "w1")
-        _age_leases(client, crawl_keys, [lease.key])
+        _lease_and_stall(frontier, 1)
         assert _sweep(frontier, ceiling_ms=60_000, max_requeues=0) == SweepResult(0, 1, 0)
         (letter,) = frontier.upkeep.dead_letters()
         assert "60000 ms" in letter.reason
@@ -267,8 +273,7 @@ class TestRequeueStale:
     ) -> None:
         dead = make_frontier("dead")
         dead.enqueue(_requests(*(f"r{i}".encode() for i in range(5))))
-        dead.lease(5)
-        _silence(client, crawl_keys, "dead")
+        _lease_and_die(dead, 5)
 
         assert _sweep(dead, limit=3) == SweepResult(3, 0, 0)
         assert dead.upkeep.counts() == (3, 2)
@@ -280,21 +285,16 @@ class TestRequeueStale:
         assert _stats(client, crawl_keys)["requeued"] == 5
 
     def test_limit_exactly_used_up_removes_the_worker_on_the_next_call(
-        self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
+        self, frontier: Frontier
     ) -> None:
         frontier.enqueue(_requests(b"a", b"b"))
-        frontier.lease(2)
-        _silence(client, crawl_keys, "w1")
+        _lease_and_die(frontier, 2)
         assert _sweep(frontier, limit=2) == SweepResult(2, 0, 0)
         assert _sweep(frontier, limit=2) == SweepResult(0, 0, 1)
 
-    def test_limit_bounds_the_ceiling_pass_too(
-        self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
-    ) -> None:
+    def test_limit_bounds_the_ceiling_pass_too(self, frontier: Frontier) -> None:
         frontier.enqueue(_requests(b"a", b"b", b"c"))
-        leases = frontier.lease(3).leases
-        _beat(client, crawl_keys, "w1")
-        _age_leases(client, crawl_keys, [lease.key for lease in leases])
+        _lease_and_stall(frontier, 3)
         assert _sweep(frontier, ceiling_ms=60_000, limit=2).requeued == 2
         assert _sweep(frontier, ceiling_ms=60_000, limit=2).requeued == 1
         assert frontier.upkeep.counts() == (3, 0)
@@ -318,8 +318,7 @@ class TestRequeueStale:
         self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
     ) -> None:
         frontier.enqueue(_requests(b"a", b"b"))
-        frontier.lease(2)
-        _silence(client, crawl_keys, "w1")
+        _lease_and_die(frontier, 2)
         assert _sweep(frontier, ceiling_ms=1).requeued == 2
         queue = _queue(client, crawl_keys)
         stats = _stats(client, crawl_keys)
@@ -361,8 +360,7 @@ class TestDeadLetters:
         swept, buried = frontier.lease(2).leases
         assert frontier.bury(buried.handle, "undecodable")
         frontier.release([swept.handle])
-        (swept,) = frontier.lease(1).leases
-        _silence(client, crawl_keys, "w1")
+        (swept,) = _lease_and_die(frontier, 1)
         assert _sweep(frontier, max_requeues=0).dead_lettered == 1
         assert frontier.upkeep.counts() == (0, 0)
 
@@ -388,26 +386,21 @@ class TestDeadLetters:
         self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
     ) -> None:
         frontier.enqueue(_requests(b"a"))
-        frontier.lease(1)
-        _silence(client, crawl_keys, "w1")
+        _lease_and_die(frontier, 1)
         _sweep(frontier, max_requeues=1)
-        frontier.lease(1)
-        _silence(client, crawl_keys, "w1")
+        _lease_and_die(frontier, 1)
         assert _sweep(frontier, max_requeues=1).dead_lettered == 1
         (letter,) = frontier.upkeep.dead_letters()
         assert frontier.upkeep.reinject_dead([letter.field]) == 1
         assert not client.exists(crawl_keys.requeues)
-        frontier.lease(1)
-        _silence(client, crawl_keys, "w1")
+        _lease_and_die(frontier, 1)
         assert _sweep(frontier, max_requeues=1).requeued == 1
 
     def test_reinject_nothing(self, frontier: Frontier) -> None:
         assert frontier.upkeep.reinject_dead([]) == 0
         assert frontier.upkeep.reinject_dead(["000000000000001"]) == 0
 
-    def test_dead_letters_respects_its_limit(
-        self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
-    ) -> None:
+    def test_dead_letters_respects_its_limit(self, frontier: Frontier) -> None:
         frontier.enqueue(_requests(*(f"r{i}".encode() for i in range(5))))
         for lease in frontier.lease(5).leases:
             frontier.bury(lease.handle, "bad")
@@ -554,23 +547,7 @@ def test_concurrent_sweepers_requeue_each_lease_exactly_once(
         queue_before_lease.add((member, 0.0))
     _silence(real_redis, KEYS, "dead")
 
-    context = multiprocessing.get_context("spawn")
-    start = context.Barrier(4)
-    results = context.Queue()
-    processes = [
-        context.Process(target=_sweep_until_done, args=(redis_url, start, results))
-        for _ in range(4)
-    ]
-    for process in processes:
-        process.start()
-    try:
-        totals = [results.get(timeout=60) for _ in processes]
-    finally:
-        for process in processes:
-            process.join(30)
-            if process.is_alive():
-                process.kill()
-    assert all(process.exitcode == 0 for process in processes)
+    totals = run_at_once([(_sweep_until_done, (redis_url,))] * 4, timeout=60)
 
     assert sum(requeued for requeued, _, _ in totals) == N_STALE
     assert sum(1 for requeued, _, _ in totals if requeued) > 1, "the sweeps did not overlap"
@@ -852,16 +829,30 @@ class TestRequeuedLeaseInTheScheduler:
         assert "redisspine_requeues" not in second.meta
 
 
+@contextlib.contextmanager
+def _scheduler_on(server: RedisServer, clock: task.Clock, **settings: Any) -> Iterator[Scheduler]:
+    """Start ``server`` (the test's own, which it may kill) and open a scheduler on it;
+    close the scheduler (if the server still runs) and stop the server however the
+    block ends."""
+    server.start()
+    scheduler: Scheduler | None = None
+    try:
+        scheduler = _open_on(server.url, clock, **settings)
+        yield scheduler
+    finally:
+        if scheduler is not None and server.running:
+            scheduler.close("shutdown")
+        server.stop()
+
+
 class TestSchedulerDuringAnOutage:
     def test_requests_and_acks_wait_for_redis_and_nothing_is_lost(
         self, tmp_path: Any, clock: task.Clock
     ) -> None:
         server = RedisServer(
             appendonly=True, directory=tmp_path / "redis", extra_args=["--appendfsync", "always"]
-        ).start()
-        scheduler: Scheduler | None = None
-        try:
-            scheduler = _open_on(server.url, clock, REDISSPINE_ENQUEUE_BATCH_SIZE=2)
+        )
+        with _scheduler_on(server, clock, REDISSPINE_ENQUEUE_BATCH_SIZE=2) as scheduler:
             scheduler.enqueue_request(Request("http://example.com/parent"))
             parent = scheduler.next_request()
             assert parent is not None
@@ -910,10 +901,6 @@ class TestSchedulerDuringAnOutage:
                 check.close()
             _wait(clock, 0.02)
             assert not scheduler.has_pending_requests()
-        finally:
-            if scheduler is not None and server.running:
-                scheduler.close("finished")
-            server.stop()
 
     def test_not_pending_is_never_claimed_while_redis_is_down(
         self, tmp_path: Any, clock: task.Clock
@@ -921,10 +908,8 @@ class TestSchedulerDuringAnOutage:
         # Nothing buffered, the fleet was empty at the last count: the first count
         # that fails must not answer from that stale cache (the engine would close
         # the spider as "finished" while Redis cannot say whether work remains).
-        server = RedisServer(directory=tmp_path / "redis").start()
-        scheduler: Scheduler | None = None
-        try:
-            scheduler = _open_on(server.url, clock)
+        server = RedisServer(directory=tmp_path / "redis")
+        with _scheduler_on(server, clock) as scheduler:
             scheduler.enqueue_request(Request("http://example.com/a"))
             request = scheduler.next_request()
             assert request is not None
@@ -947,10 +932,6 @@ class TestSchedulerDuringAnOutage:
                 _wait(clock)
             _wait(clock, 0.02)
             assert not scheduler.has_pending_requests()
-        finally:
-            if scheduler is not None and server.running:
-                scheduler.close("shutdown")
-            server.stop()
 
 
 # -- the Recovery extension --------------------------------------------------------------

@@ -332,15 +332,20 @@ def test_close_sends_the_outbox_and_releases_the_unfinished_parent(
     assert urls == ["http://example.com/child", "http://example.com/parent"]
 
 
-def test_persist_false_deletes_keys_when_finished(
-    make_scheduler: MakeScheduler, client: redis.Redis
-) -> None:
-    scheduler = make_scheduler(REDISSPINE_PERSIST=False)
+def _crawl_one_page(make_scheduler: MakeScheduler, *, persist: bool, reason: str) -> None:
+    """One worker fetches the crawl's only page, then closes for ``reason``."""
+    scheduler = make_scheduler(REDISSPINE_PERSIST=persist)
     scheduler.enqueue_request(Request("http://example.com/a"))
     request = scheduler.next_request()
     assert request is not None
     finish(scheduler, request)
-    scheduler.close("finished")
+    scheduler.close(reason)
+
+
+def test_persist_false_deletes_keys_when_finished(
+    make_scheduler: MakeScheduler, client: redis.Redis
+) -> None:
+    _crawl_one_page(make_scheduler, persist=False, reason="finished")
     for key in KEYS.all_crawl_keys():
         assert not client.exists(key), key
 
@@ -357,22 +362,12 @@ def test_persist_false_keeps_keys_while_work_remains(
 def test_persist_false_keeps_keys_when_stopped_early(
     make_scheduler: MakeScheduler, client: redis.Redis
 ) -> None:
-    scheduler = make_scheduler(REDISSPINE_PERSIST=False)
-    scheduler.enqueue_request(Request("http://example.com/a"))
-    request = scheduler.next_request()
-    assert request is not None
-    finish(scheduler, request)
-    scheduler.close("shutdown")
+    _crawl_one_page(make_scheduler, persist=False, reason="shutdown")
     assert client.scard(KEYS.seen) == 1
 
 
 def test_persist_true_keeps_keys(make_scheduler: MakeScheduler, client: redis.Redis) -> None:
-    scheduler = make_scheduler(REDISSPINE_PERSIST=True)
-    scheduler.enqueue_request(Request("http://example.com/a"))
-    request = scheduler.next_request()
-    assert request is not None
-    finish(scheduler, request)
-    scheduler.close("finished")
+    _crawl_one_page(make_scheduler, persist=True, reason="finished")
     assert client.scard(KEYS.seen) == 1
     assert client.exists(KEYS.stats)
 
@@ -646,6 +641,7 @@ def test_a_full_buffer_sends_its_acks(
 
 
 def test_buffered_ack_rest_counts_from_the_end_of_the_fetch() -> None:
+    # Private: the outbox's arithmetic at a fixed `now` (a scheduler would use Redis's clock).
     from scrapy_redisspine._outbox import ack_args
 
     sent = ack_args([

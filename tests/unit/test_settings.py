@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 from scrapy.settings import Settings
 
-from scrapy_redisspine._settings_checks import as_number, as_text
 from scrapy_redisspine.settings import (
     DEFAULTS,
     SETTINGS,
@@ -84,14 +83,19 @@ def test_known_names_are_the_declared_ones_and_find_a_misspelling() -> None:
     ]
 
 
+def _declared(name: str) -> Setting:
+    [setting] = [setting for setting in SETTINGS if setting.name == name]
+    return setting
+
+
 def test_field_is_the_name_without_the_prefix_unless_given() -> None:
-    timeout = Setting("REDISSPINE_WORKER_TIMEOUT_SECONDS", 30.0, as_number, (float, 1), "")
+    timeout = _declared("REDISSPINE_WORKER_TIMEOUT_SECONDS")
     assert timeout.field == "worker_timeout_seconds"
-    assert Setting("REDISSPINE_X", None, as_text, (), "", field="other").field == "other"
+    assert Setting("REDISSPINE_X", None, timeout.check, (), "", field="other").field == "other"
 
 
 def test_a_setting_reads_its_value_or_its_default_through_its_check() -> None:
-    timeout = Setting("REDISSPINE_WORKER_TIMEOUT_SECONDS", 30.0, as_number, (float, 1), "")
+    timeout = _declared("REDISSPINE_WORKER_TIMEOUT_SECONDS")  # 30.0, a number >= 1
     assert timeout.read({}) == 30.0
     assert timeout.read({"REDISSPINE_WORKER_TIMEOUT_SECONDS": None}) == 30.0
     assert timeout.read({"REDISSPINE_WORKER_TIMEOUT_SECONDS": "12"}) == 12.0
