@@ -15,9 +15,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-import redis
-
 from scrapy_redisspine._clock import Periodic
+from scrapy_redisspine._guard import CALL_ERRORS
 from scrapy_redisspine.control import Orders, read_orders
 from scrapy_redisspine.frontier import Heartbeat
 
@@ -116,7 +115,7 @@ class FleetMember:
         try:
             self._note_start_done()
             counts = self._frontier.fleet_counts(self._timeout_ms)
-        except redis.RedisError as exc:
+        except CALL_ERRORS as exc:
             self._guard.failed("count", exc)
             return
         self._guard.succeeded("count")
@@ -156,7 +155,7 @@ class FleetMember:
         try:
             starting = self._starting()
             beat = self._frontier.heartbeat(starting)
-        except redis.RedisError as exc:
+        except CALL_ERRORS as exc:
             self._guard.failed("heartbeat", exc)
             return
         self._guard.succeeded("heartbeat")
@@ -177,7 +176,7 @@ class FleetMember:
     def _follow_orders(self) -> None:
         try:
             orders = read_orders(self._frontier.client, self._frontier.keys)
-        except redis.RedisError as exc:
+        except CALL_ERRORS as exc:
             self._guard.failed("control", exc)
             return
         if orders != self.orders:
@@ -205,5 +204,5 @@ class FleetMember:
         if handles:
             try:
                 self._frontier.release(handles)
-            except redis.RedisError as exc:
+            except CALL_ERRORS as exc:
                 self._guard.failed("release", exc)

@@ -49,8 +49,18 @@ _SCRIPT_ERROR_MAX_DELAY = 5.0
 _SCRIPT_ERROR_LOG_SECONDS = 60.0
 
 
+#: What a call to Redis may raise: Redis's errors, and a reply that does not parse
+#: (a script ran, but its reply is not what the caller expected).
+CALL_ERRORS: tuple[type[Exception], ...] = (
+    redis.RedisError, ValueError, TypeError, IndexError, KeyError, UnicodeDecodeError,
+)
+
+
 def is_script_error(exc: Exception) -> bool:
-    """Did Redis refuse what was asked (not: could it not answer, or not store)?"""
+    """Did Redis refuse what was asked, or answer what cannot be read (not: could it
+    not answer, or not store)?"""
+    if not isinstance(exc, redis.RedisError):
+        return True  # a reply that does not parse: the script ran, something is off
     if not isinstance(exc, redis.exceptions.ResponseError):
         return False
     if isinstance(exc, (redis.exceptions.OutOfMemoryError, redis.exceptions.NoScriptError,

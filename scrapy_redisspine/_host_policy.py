@@ -13,8 +13,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-import redis
-
+from scrapy_redisspine._guard import CALL_ERRORS
 from scrapy_redisspine.politeness import DelayPolicy, make_lane_function
 
 if TYPE_CHECKING:
@@ -88,7 +87,7 @@ class HostPolicy:
         if self._guard.available():
             try:
                 self._frontier.set_crawl_delay(lane, kept)
-            except redis.RedisError as exc:
+            except CALL_ERRORS as exc:
                 self._guard.failed("crawl_delay", exc)
 
     def learned_from_lease(self, lane: str, crawl_delay: float | None) -> None:

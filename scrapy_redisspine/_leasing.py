@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING
 
 import redis
 
+from scrapy_redisspine._guard import CALL_ERRORS
+
 if TYPE_CHECKING:
     from collections.abc import Callable
 
@@ -116,7 +118,7 @@ class Leaser:
                 if self._guard.reconcile_needed:
                     self._release_orphans()
                 batch, sent = self._send_and_lease(count)
-            except redis.RedisError as exc:
+            except CALL_ERRORS as exc:
                 self._guard.failed("lease", exc)
                 return False
             if batch is None:
@@ -193,7 +195,7 @@ class Leaser:
             self._stats.inc_value("redisspine/scheduler/undecodable")
             try:
                 self._frontier.bury(handle, reason)
-            except redis.RedisError as exc:  # the lease stays in flight: a sweep returns it
+            except CALL_ERRORS as exc:  # the lease stays in flight: a sweep returns it
                 self._guard.failed("bury", exc)
             return
         if lease.requeues:

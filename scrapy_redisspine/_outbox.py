@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Protocol
 
 import redis
 
+from scrapy_redisspine._guard import CALL_ERRORS
+
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
@@ -148,7 +150,7 @@ class Outbox:
             return False
         try:
             self.flush()
-        except redis.RedisError as exc:
+        except CALL_ERRORS as exc:
             self.send_failed(exc)
             return False
         self._guard.succeeded("enqueue")
@@ -174,7 +176,7 @@ class Outbox:
         self._record(sending, result)
         self._on_sent(result)
 
-    def send_failed(self, exc: redis.RedisError) -> None:
+    def send_failed(self, exc: Exception) -> None:
         if isinstance(exc, redis.exceptions.OutOfMemoryError):
             self._shed_buffered()
         self._guard.failed("enqueue", exc)

@@ -9,7 +9,8 @@
 
 Redis: ``--redis-url``, else the environment (``REDISSPINE_REDIS_URL``, ``REDIS_URL``),
 else the Scrapy project's settings (when run inside a project), else the project's
-embedded redis-server socket (``.scrapy/redisspine/redis.sock``) if it exists.
+embedded redis-server (``.scrapy/redisspine/``): joined if it runs, started from its
+append-only file for the command if the last worker stopped it.
 
 Exit codes: 0 done, 1 partly done (e.g. malformed seed lines), 2 bad usage or unknown
 crawl, 3 Redis unreachable.
@@ -18,8 +19,10 @@ crawl, 3 Redis unreachable.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -29,7 +32,13 @@ import redis
 
 from scrapy_redisspine import control
 from scrapy_redisspine.cli_output import print_dead_letters, render_status
-from scrapy_redisspine.connection import SOCKET_NAME, describe_url
+from scrapy_redisspine.connection import (
+    SOCKET_NAME,
+    RedisServerNotFound,
+    describe_url,
+    ensure_embedded_server,
+    shutdown_embedded_if_unused,
+)
 from scrapy_redisspine.frontier import Frontier
 from scrapy_redisspine.keys import CrawlKeys
 from scrapy_redisspine.settings import SpineConfig, load_config
@@ -59,16 +68,27 @@ def project_config() -> SpineConfig:
     return load_config(get_project_settings() if inside_project() else {})
 
 
-def resolve_redis_url(explicit: str | None, config: SpineConfig) -> str:
+def resolve_redis_url(explicit: str | None, config: SpineConfig) -> tuple[str, Path | None]:
+    """The URL to talk to, and the embedded server's directory when it is that one
+    (started for the command if no worker runs it: stopped again after)."""
     for url in (explicit, os.environ.get("REDISSPINE_REDIS_URL"), os.environ.get("REDIS_URL"),
                 config.redis_url):
         if url:
-            return url
-    socket_path = Path(config.embedded_dir or default_embedded_dir(createdir=False)) / SOCKET_NAME
-    if socket_path.exists():
-        return f"unix://{socket_path}"
+            return url, None
+    directory = Path(config.embedded_dir or default_embedded_dir(createdir=False))
+    if (directory / SOCKET_NAME).exists() or _holds_a_crawl(directory):
+        try:
+            return ensure_embedded_server(directory, config.redis_server_bin), directory
+        except (RedisServerNotFound, RuntimeError, OSError, subprocess.SubprocessError) as exc:
+            raise CliError(f"cannot start the project's embedded redis-server in {directory}: "
+                           f"{exc}", EXIT_UNREACHABLE) from None
     raise CliError("no Redis to talk to: pass --redis-url, set REDISSPINE_REDIS_URL, or run "
                    "inside the Scrapy project whose crawl you operate")
+
+
+def _holds_a_crawl(directory: Path) -> bool:
+    """Did an embedded redis-server keep data here (its append-only file)?"""
+    return (directory / "appendonlydir").is_dir() or (directory / "appendonly.aof").is_file()
 
 
 class Context:
@@ -76,9 +96,15 @@ class Context:
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.config = project_config()
-        self.url = resolve_redis_url(args.redis_url, self.config)
+        self.url, self.embedded_dir = resolve_redis_url(args.redis_url, self.config)
         self.prefix: str = args.prefix or self.config.key_prefix
         self.client = redis.Redis.from_url(self.url, socket_connect_timeout=3, socket_timeout=10)
+
+    def close(self) -> None:
+        """Let go of Redis; an embedded server no worker uses any more stops again."""
+        self.client.close()
+        if self.embedded_dir is not None:
+            shutdown_embedded_if_unused(self.embedded_dir)
 
     def keys(self, crawl: str) -> CrawlKeys:
         try:
@@ -275,6 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     url = "Redis"
+    ctx: Context | None = None
     try:
         ctx = Context(args)
         url = describe_url(ctx.url)
@@ -290,6 +317,10 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     except KeyboardInterrupt:
         return 130
+    finally:
+        if ctx is not None:
+            with contextlib.suppress(redis.RedisError, OSError):
+                ctx.close()
 
 
 if __name__ == "__main__":

@@ -34,12 +34,12 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-import redis
 from scrapy import signals as scrapy_signals
 from scrapy.exceptions import NotConfigured
 
 from scrapy_redisspine import signals
 from scrapy_redisspine._clock import Clock, Periodic, ReactorClock
+from scrapy_redisspine._guard import CALL_ERRORS
 from scrapy_redisspine.addon import component_config
 from scrapy_redisspine.control import StatsPusher
 
@@ -126,7 +126,7 @@ class Recovery:
             return
         try:
             step(worker)
-        except redis.RedisError as exc:
+        except CALL_ERRORS as exc:
             worker.guard.failed(operation, exc)
         else:
             worker.guard.succeeded(operation)
@@ -217,7 +217,7 @@ class FleetLog:
         try:
             queued, inflight = worker.upkeep.counts()
             alive = worker.upkeep.workers_alive(self.config.worker_timeout_ms)
-        except redis.RedisError as exc:
+        except CALL_ERRORS as exc:
             worker.guard.failed("fleet_log", exc)
             return
         logger.info(

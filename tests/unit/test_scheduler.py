@@ -518,7 +518,7 @@ def test_a_failing_timer_keeps_running(
 
     def broken() -> None:
         beats.append(1)
-        raise ValueError("garbage")
+        raise RuntimeError("garbage")
 
     monkeypatch.setattr(scheduler.frontier, "heartbeat", lambda *_: broken())
     with caplog.at_level(logging.ERROR, logger="scrapy_redisspine"):
@@ -529,7 +529,7 @@ def test_a_failing_timer_keeps_running(
     assert _stat(scheduler, "redisspine/errors/heartbeat") == 2
     lines = [r.getMessage() for r in caplog.records if "heartbeat failed" in r.getMessage()]
     assert lines
-    assert "ValueError: garbage" in lines[0]
+    assert "RuntimeError: garbage" in lines[0]
 
 
 # -- acks travel with leases -----------------------------------------------------------
