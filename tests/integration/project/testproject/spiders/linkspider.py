@@ -7,6 +7,7 @@ failing that, the ``LINKS_START_URLS`` setting (a comma-separated string or list
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 from typing import TYPE_CHECKING, Any
@@ -32,13 +33,18 @@ class LinkSpider(scrapy.Spider):
         self.start_urls = start_urls or []
 
     async def start(self) -> AsyncIterator[scrapy.Request]:
+        if self.settings.getbool("LINKS_JOIN_ONLY"):
+            return  # a worker that only joins the crawl others seed
         urls = self.start_urls or self.settings.getlist("LINKS_START_URLS")
         if not urls:
             raise ValueError("no start URLs: pass -a start_urls=... or -s LINKS_START_URLS=...")
         # Scrapy's default start requests use dont_filter=True: the plugin must still
         # inject each only once per crawl.
         dont_filter = self.settings.getbool("LINKS_START_DONT_FILTER")
+        pause = self.settings.getfloat("LINKS_START_PAUSE_SECONDS")
         for url in urls:
+            if pause:  # a slow start(): e.g. start URLs read from a slow source
+                await asyncio.sleep(pause)
             yield scrapy.Request(url, callback=self.parse, dont_filter=dont_filter)
         # Requests that end without a callback's output: 404s, refused connections
         # (retried, then errback), offsite (IgnoreRequest in the downloader).
