@@ -8,6 +8,7 @@ middleware (Retry-After and robots.txt Crawl-delay, shared fleet-wide).
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -15,6 +16,9 @@ if TYPE_CHECKING:
     from scrapy.settings import Settings
 
     from scrapy_redisspine.settings import SpineConfig
+
+
+logger = logging.getLogger(__name__)
 
 
 class Addon:
@@ -25,6 +29,9 @@ class Addon:
         settings.set(
             "DUPEFILTER_CLASS", "scrapy_redisspine.dupefilter.RedisDupeFilter", "addon"
         )
+        # (DUPEFILTER_CLASS needs no such check: the scheduler says what it does with
+        # whichever one it finds, see dupefilter.fleet_dupefilter.)
+        _warn_if_overridden(settings, "SCHEDULER", "scrapy_redisspine.scheduler.Scheduler")
         from scrapy_redisspine.extension import FleetLog, Recovery
         from scrapy_redisspine.middleware import Politeness
 
@@ -32,6 +39,27 @@ class Addon:
         settings.setdefault_in_component_priority_dict("EXTENSIONS", FleetLog, 510)
         # After RetryMiddleware (550) on the way in: sees 429/503 before it retries.
         settings.setdefault_in_component_priority_dict("DOWNLOADER_MIDDLEWARES", Politeness, 560)
+
+
+def _warn_if_overridden(settings: Settings, name: str, ours: str) -> None:
+    """A project that still sets another plugin's component (scrapy-redis's, say)
+    beside the add-on would run that one: say so, naming both."""
+    from scrapy.utils.misc import load_object
+
+    value = settings.get(name)
+    try:
+        cls = load_object(value) if isinstance(value, str) else value
+        # BaseScheduler's metaclass answers issubclass() by duck typing: ask the MRO
+        fine = isinstance(cls, type) and load_object(ours) in cls.__mro__
+    except (ImportError, NameError, ValueError, AttributeError):
+        fine = False
+    if not fine:
+        name_of = value if isinstance(value, str) else getattr(value, "__qualname__", value)
+        logger.warning(
+            "redisspine: ADDONS switches scrapy_redisspine on, but %s is %s (set with a "
+            "higher priority than the add-on's): that one runs, not %s. Remove %s from "
+            "your settings.", name, name_of, ours, name,
+        )
 
 
 def component_config(crawler: Crawler) -> SpineConfig:
@@ -53,9 +81,8 @@ def component_config(crawler: Crawler) -> SpineConfig:
 
         scheduler = crawler.settings.get("SCHEDULER")
         try:
-            ours = isinstance(load_object(scheduler), type) and issubclass(
-                load_object(scheduler), Scheduler
-            )
+            cls = load_object(scheduler) if isinstance(scheduler, str) else scheduler
+            ours = isinstance(cls, type) and Scheduler in cls.__mro__
         except (ImportError, NameError, ValueError, TypeError):
             ours = False
         raise NotConfigured() if ours else NotConfigured(f"redisspine: {exc}") from None

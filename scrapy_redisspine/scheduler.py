@@ -55,12 +55,13 @@ from scrapy_redisspine._joining import (
 from scrapy_redisspine._leasebook import LeaseBook
 from scrapy_redisspine._leasing import Leaser
 from scrapy_redisspine._outbox import Outbox
+from scrapy_redisspine._settings_compat import notices
 from scrapy_redisspine.dedup import DedupConfigError
 from scrapy_redisspine.dupefilter import RedisDupeFilter, fleet_dupefilter
 from scrapy_redisspine.frontier import CorruptKeyError, EnqueueResult, Frontier, NewRequest
 from scrapy_redisspine.request_codec import RequestCodec, RequestEncodeError
 from scrapy_redisspine.serialization import get_serializer
-from scrapy_redisspine.settings import ConfigError, SpineConfig, load_config
+from scrapy_redisspine.settings import ConfigError, SpineConfig, known_names, load_config
 from scrapy_redisspine.worker import WorkerConnection, new_worker_id
 
 if TYPE_CHECKING:
@@ -133,6 +134,8 @@ class Scheduler(BaseScheduler):
         refuses to start with one line naming it (see :meth:`open`)."""
         engine = engine or EngineHooks(crawler)
         try:
+            for warning, line in notices(crawler.settings, known_names()):
+                (logger.warning if warning else logger.info)("redisspine: %s", line)
             config = load_config(crawler.settings)
             dupefilter = fleet_dupefilter(crawler)
         except ConfigError as exc:

@@ -26,6 +26,7 @@ from scrapy_redisspine._settings_checks import (
     as_str_tuple,
     as_text,
 )
+from scrapy_redisspine._settings_compat import Layered, foreign_values
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
@@ -264,11 +265,13 @@ class SpineConfig:
 def load_config(settings: Mapping[str, Any]) -> SpineConfig:
     """Build the config from Scrapy settings (or any mapping of setting names).
 
-    One loop reads every declared setting. What is no single setting's business, a
+    One loop reads every declared setting (scrapy-redis's equivalents fill in for
+    unset ones: ``_settings_compat``). What is no single setting's business, a
     fallback, Scrapy's own download delay and the rules across settings, follows as
     one explicit step each, so each is found and read on its own.
     """
-    values = {setting.field: setting.read(settings) for setting in SETTINGS}
+    layered = Layered(foreign_values(settings), settings)  # scrapy-redis's names
+    values = {setting.field: setting.read(layered) for setting in SETTINGS}
     if values["redis_url"] is None:
         values["redis_url"] = as_redis_url("REDIS_URL", settings.get("REDIS_URL"))
     values.update(_download_delay(settings))
