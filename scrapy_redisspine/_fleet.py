@@ -163,6 +163,7 @@ class FleetMember:
             self._gone(beat)
             return
         self._start_noted = not starting
+        self.queued = beat.queued
         if beat.status == "swept":
             self._fenced()
         elif beat.late_ms > self._timeout_ms:

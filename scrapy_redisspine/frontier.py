@@ -133,10 +133,12 @@ class Registration:
 class Heartbeat:
     """A heartbeat's answer (``scripts/heartbeat.lua``): ``status`` is ``ok``,
     ``swept`` (a sweep took this worker for dead), ``lost``, ``purged`` or ``changed``
-    (the crawl's state is gone); ``late_ms``: since the previous heartbeat."""
+    (the crawl's state is gone); ``late_ms``: since the previous heartbeat;
+    ``queued``: requests queued fleet-wide."""
 
     status: str
     late_ms: int = 0
+    queued: int = 0  # requests queued fleet-wide
 
     @property
     def crawl_gone(self) -> bool:
@@ -275,10 +277,10 @@ class Frontier:
     def heartbeat(self, starting: bool = False) -> Heartbeat:
         """Stamp this worker alive (and still producing start requests, if
         ``starting``), and check that its crawl is still in Redis."""
-        status, late_ms = self._scripts.run(
+        status, late_ms, queued = self._scripts.run(
             "heartbeat", [self.worker_id, self.epoch, "1" if starting else "0"]
         )
-        return Heartbeat(_text(status), int(late_ms))
+        return Heartbeat(_text(status), int(late_ms), int(queued))
 
     def done_starting(self) -> None:
         """This worker's start requests are all in: it no longer holds the fleet open."""

@@ -358,9 +358,11 @@ class Scheduler(BaseScheduler):
         return self.fleet.pending or self.guard.down
 
     def __len__(self) -> int:
+        """Requests waiting: queued fleet-wide (as of the last heartbeat or lease),
+        leased here but not started, and enqueued here but not yet sent."""
         if self._refused is not None or not self._opened:
             return 0
-        return len(self.outbox) + self.book.ready + (1 if self.fleet.pending else 0)
+        return self.fleet.queued + self.book.ready + len(self.outbox)
 
     # -- what the parts tell each other ------------------------------------------
 

@@ -7,12 +7,14 @@ KEYS[1]  workers   ZSET   worker id -> last heartbeat (ms, Redis TIME)
 KEYS[2]  record    HASH   the crawl record (epoch ...; see register.lua)
 KEYS[3]  starting  ZSET   worker id -> last heartbeat (ms) while its start requests
                           are still being produced
+KEYS[4]  queue     ZSET   queued requests (counted: the worker's len(scheduler))
 
 ARGV[1]  worker    worker id
 ARGV[2]  epoch     the crawl's epoch, as the worker learned it at registration
 ARGV[3]  starting  "1" while this worker's spider still produces start requests
 
-Returns { status, late_ms }:
+Returns { status, late_ms, queued }:
+  queued is the number of requests queued fleet-wide (0 unless "ok" or "swept").
   "ok"       the worker's entry was there; late_ms is how long ago its previous
              heartbeat was (a worker paused or cut off past the timeout whose
              leases nobody swept yet is late, not dead)
@@ -26,11 +28,11 @@ Returns { status, late_ms }:
 ]]
 -- #include clock
 -- #include crawl
-local workers, record, starting = KEYS[1], KEYS[2], KEYS[3]
+local workers, record, starting, queue = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local worker, epoch, still_starting = ARGV[1], ARGV[2], ARGV[3]
 local status = crawl_status(record, epoch)
 if status ~= "ok" then
-    return { status, 0 }
+    return { status, 0, 0 }
 end
 local now_ms = clock_ms()
 -- ZREM first (not denyoom): Redis checks maxmemory only before a script's first
@@ -47,6 +49,6 @@ end
 -- A sweep that took only part of a dead worker's leases (it hit its limit) leaves
 -- the worker's score at 0, so that it is swept again and learns it here.
 if not previous or tonumber(previous) == 0 then
-    return { "swept", 0 }
+    return { "swept", 0, redis.call("ZCARD", queue) }
 end
-return { "ok", math.max(now_ms - (tonumber(previous) or now_ms), 0) }
+return { "ok", math.max(now_ms - (tonumber(previous) or now_ms), 0), redis.call("ZCARD", queue) }
