@@ -11,6 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from scrapy_redisspine._results import (
+    Count,
+    SweepResult,
+    count_result,
+    fields,
+    number,
+    repairs_of,
+)
 from scrapy_redisspine.control import record_progress
 from scrapy_redisspine.members import split_member
 from scrapy_redisspine.scripts import ScriptSet
@@ -49,13 +57,6 @@ EXPECTED_TYPES = {
 
 class CorruptKeyError(RuntimeError):
     """A crawl key holds a value of the wrong Redis type."""
-
-
-@dataclass(frozen=True)
-class SweepResult:
-    requeued: int
-    dead_lettered: int
-    workers_removed: int
 
 
 @dataclass(frozen=True)
@@ -124,11 +125,10 @@ class FrontierUpkeep:
         fetching from it.
         """
         args: list[str | int] = [timeout_ms, ceiling_ms, max_requeues, limit, self.concurrency,
-                                 rest_ms]
-        for lane, rest in (lane_rests or {}).items():
-            args += [lane, rest]
-        requeued, dead, removed = self._scripts.run("requeue_stale", args)
-        return SweepResult(int(requeued), int(dead), int(removed))
+                                 rest_ms, *_pairs(lane_rests)]
+        requeued, dead, removed, repairs = fields(self._scripts.run("requeue_stale", args), 4)
+        return SweepResult(number(requeued), number(dead), number(removed), repairs_of(repairs))
+
 
     def dead_letters(self, limit: int = 100) -> list[DeadLetter]:
         """Up to ``limit`` dead letters (HSCAN: never blocks Redis on a big crawl)."""
@@ -146,12 +146,12 @@ class FrontierUpkeep:
                 break
         return letters
 
-    def reinject_dead(self, fields: Iterable[str]) -> int:
-        """Put dead letters back in the queue with a fresh requeue budget."""
-        fields = list(fields)
-        if not fields:
-            return 0
-        return int(self._scripts.run("reinject_dead", [self.concurrency, *fields]))
+    def reinject_dead(self, names: Iterable[str]) -> Count:
+        """Put dead letters back in the queue with a fresh requeue budget: how many."""
+        names = list(names)
+        if not names:
+            return Count(0)
+        return count_result(self._scripts.run("reinject_dead", [self.concurrency, *names]))
 
     def counts(self) -> tuple[int, int]:
         """(queued, in flight) fleet-wide, in one round trip."""
@@ -190,3 +190,11 @@ class FrontierUpkeep:
         if purged:  # a separate command: the registry lies outside the crawl's slot
             self.client.srem(k.crawls, k.crawl_id)
         return purged
+
+
+def _pairs(lane_rests: Mapping[str, int] | None) -> list[str | int]:
+    """ARGV pairs lane, rest (ms) of the lanes with a delay of their own."""
+    pairs: list[str | int] = []
+    for lane, rest in (lane_rests or {}).items():
+        pairs += [lane, rest]
+    return pairs

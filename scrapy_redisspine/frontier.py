@@ -9,8 +9,10 @@ is done and its children are queued in the same step), ``release`` (back to the
 queue) or ``bury`` (dead letters).
 
 The upkeep operations (key checks, sweeps, dead letters, counters, purging) live in
-``_frontier_upkeep``, an object each ``Frontier`` holds as ``upkeep``; the queue
-member format in ``members``. Both are re-exported here.
+``_frontier_upkeep``, an object each ``Frontier`` holds as ``upkeep``; the results and
+how replies are read in ``_results`` (every result carries the ``repairs`` its script
+made of malformed values in Redis); the queue member format in ``members``. All are
+re-exported here.
 """
 
 from __future__ import annotations
@@ -26,7 +28,17 @@ from scrapy_redisspine._frontier_upkeep import (
     CorruptKeyError,
     DeadLetter,
     FrontierUpkeep,
+)
+from scrapy_redisspine._results import (
+    Count,
+    EnqueueResult,
+    Lease,
+    LeaseBatch,
+    Repairs,
     SweepResult,
+    count_result,
+    enqueue_result,
+    lease_batch,
 )
 from scrapy_redisspine.members import (
     ORDER_KEY_LENGTH,
@@ -43,8 +55,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "EXPECTED_TYPES", "ORDER_KEY_LENGTH", "PRIORITY_KEY_LENGTH", "Ack", "CorruptKeyError",
-    "DeadLetter", "EnqueueResult", "Frontier", "Lease", "LeaseBatch", "LeaseHandle",
-    "NewRequest", "SweepResult", "priority_key", "split_member",
+    "Count", "DeadLetter", "EnqueueResult", "Frontier", "Lease", "LeaseBatch", "LeaseHandle",
+    "NewRequest", "Repairs", "SweepResult", "priority_key", "split_member",
 ]
 
 
@@ -70,75 +82,14 @@ class NewRequest:
         return flags or "-"
 
 
-@dataclass(frozen=True)
-class Lease:
-    """A request leased to this worker.
-
-    ``key`` identifies it in in-flight; ``token`` fences it (acks and releases must
-    present it); ``requeues`` counts how often it came back from a dead worker;
-    ``crawl_delay`` is its lane's robots.txt Crawl-delay if any worker learned one.
-    """
-
-    key: str
-    token: str
-    payload: bytes
-    requeues: int = 0
-    lane: str = ""
-    crawl_delay: float | None = None
-
-    @property
-    def handle(self) -> LeaseHandle:
-        return (self.key, self.token)
-
-
 #: (order key, fencing token): what a release must present.
 LeaseHandle = tuple[str, str]
 #: (order key, fencing token, rest of its lane in ms): what an ack presents.
 Ack = tuple[str, str, int]
 
 
-@dataclass(frozen=True)
-class LeaseBatch:
-    leases: list[Lease]
-    queued: int
-    inflight: int
-    malformed: int = 0  # queue members not written by enqueue, moved to dead letters
-    wait_ms: int = -1  # until the next lane is due (-1: none scheduled)
-
-
-@dataclass(frozen=True)
-class EnqueueResult:
-    """Per request: ``+`` enqueued, ``d`` duplicate, ``s`` start already injected,
-    ``c`` dropped because its lane's backlog is at the cap."""
-
-    statuses: str
-    acked: int
-
-    @property
-    def enqueued(self) -> int:
-        return self.statuses.count("+")
-
-
 #: (script name, keys, args) of one script call.
 _Call = tuple[str, "Sequence[str]", list[bytes | str | int]]
-
-
-def _enqueue_result(reply: Any) -> EnqueueResult:
-    statuses, acked = reply
-    if isinstance(statuses, bytes):
-        statuses = statuses.decode()
-    return EnqueueResult(statuses, int(acked))
-
-
-def _lease_batch(reply: Any) -> LeaseBatch:
-    members, token, requeued, delays, queued, inflight, malformed, wait_ms = reply
-    token = str(int(token))
-    leases = []
-    for member, times, delay in zip(members, requeued, delays, strict=True):
-        lane, key, payload = split_member(member)
-        leases.append(Lease(key, token, payload, int(times), lane,
-                            float(delay) if delay else None))
-    return LeaseBatch(leases, int(queued), int(inflight), int(malformed), int(wait_ms))
 
 
 class Frontier:
@@ -207,7 +158,7 @@ class Frontier:
         plus the lane's delay, or a Retry-After block.
         """
         keys, args = self._enqueue_call(requests, acks)
-        return _enqueue_result(self._scripts["enqueue"](keys=keys, args=args))
+        return enqueue_result(self._scripts["enqueue"](keys=keys, args=args))
 
     def _enqueue_call(
         self, requests: Sequence[NewRequest], acks: Sequence[Ack | LeaseHandle]
@@ -231,7 +182,7 @@ class Frontier:
     def lease(self, count: int) -> LeaseBatch:
         """Lease up to ``count`` requests, at most one per due lane."""
         keys, args = self._lease_call(count)
-        return _lease_batch(self._scripts["lease"](keys=keys, args=args))
+        return lease_batch(self._scripts["lease"](keys=keys, args=args))
 
     def _lease_call(self, count: int) -> tuple[Sequence[str], list[bytes | str | int]]:
         return self._scripts.keys("lease"), [self.worker_id, count, self.concurrency]
@@ -255,8 +206,8 @@ class Frontier:
         if isinstance(leased, redis.RedisError):
             raise leased
         return (
-            sent if isinstance(sent, redis.RedisError) else _enqueue_result(sent),
-            _lease_batch(leased),
+            sent if isinstance(sent, redis.RedisError) else enqueue_result(sent),
+            lease_batch(leased),
         )
 
     def _pipelined(self, calls: Sequence[_Call]) -> list[Any]:
@@ -280,25 +231,26 @@ class Frontier:
                     replies[i] = exc
         return replies
 
-    def release(self, handles: Iterable[LeaseHandle]) -> int:
-        """Put this worker's leases back in the queue, as they were."""
+    def release(self, handles: Iterable[LeaseHandle]) -> Count:
+        """Put this worker's leases back in the queue, as they were: how many."""
         args: list[str | int] = [self.worker_id, self.concurrency]
         for key, token in handles:
             args += [key, token]
         if len(args) == 2:
-            return 0
-        return int(self._scripts.run("release", args))
+            return Count(0)
+        return count_result(self._scripts.run("release", args))
 
-    def release_orphans(self, known_keys: Iterable[str], limit: int = 10_000) -> int:
+    def release_orphans(self, known_keys: Iterable[str], limit: int = 10_000) -> Count:
         """Return leases recorded for this worker that it never received (lost reply)."""
-        return int(self._scripts.run(
+        return count_result(self._scripts.run(
             "release_orphans", [self.worker_id, limit, self.concurrency, *known_keys]
         ))
 
-    def bury(self, handle: LeaseHandle, reason: str) -> bool:
-        """Move a lease that can never be processed to the dead letters."""
+    def bury(self, handle: LeaseHandle, reason: str) -> Count:
+        """Move a lease that can never be processed to the dead letters: 1 if it was
+        this worker's, else 0."""
         key, token = handle
-        return bool(
+        return count_result(
             self._scripts.run("bury", [self.worker_id, key, token, reason, self.concurrency])
         )
 

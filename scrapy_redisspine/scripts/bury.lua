@@ -14,6 +14,8 @@ KEYS[7]  hosts     ZSET   (lib/lanes.lua)
 KEYS[8]  busy      HASH   (lib/lanes.lua)
 KEYS[9]  backlog   HASH   (lib/lanes.lua)
 KEYS[10] host_next HASH   (lib/lanes.lua)
+KEYS[11] queue     ZSET   (lib/lanes.lua: a lane's backlog count is counted again
+                          from it if it holds no count)
 
 ARGV[1]  owner        worker id
 ARGV[2]  key          order key of the lease
@@ -21,24 +23,27 @@ ARGV[3]  token        its lease token (fencing)
 ARGV[4]  reason       one line of text
 ARGV[5]  concurrency  most requests of one lane in flight fleet-wide
 
-Returns 1 if the lease was buried, 0 if it was not this owner's (any more).
+Returns { buried, repairs }: buried is 1 if the lease was buried, 0 if it was not
+this owner's (any more); repairs lists the values of crawl keys repaired
+(lib/numbers.lua).
 ]]
 -- #include clock
 -- #include member
 -- #include lanes
 -- #include entry
+-- #include numbers
 local inflight, leases, dead, stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local owned, requeues = KEYS[5], KEYS[6]
-local hosts, busy, backlog, host_next = KEYS[7], KEYS[8], KEYS[9], KEYS[10]
+local hosts, busy, backlog, host_next, queue = KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11]
 local owner, key, token = ARGV[1], ARGV[2], ARGV[3]
 local reason = string.gsub(ARGV[4], "\n", " ")
 local concurrency = tonumber(ARGV[5])
-lanes_init(hosts, busy, backlog, host_next, concurrency, clock_ms())
+lanes_init(queue, hosts, busy, backlog, host_next, concurrency, clock_ms())
 entry_init(inflight, leases, owned)
 
 local member = fenced_member(key, owner, token)
 if not member then
-    return 0
+    return { 0, numbers_repairs() }
 end
 redis.call("HSET", dead, key, reason .. "\n" .. member)
 lease_end(owner, key)
@@ -47,5 +52,5 @@ local lane = member_lane(member)
 if lane then
     host_released(lane, nil)
 end
-redis.call("HINCRBY", stats, "dead_lettered", 1)
-return 1
+stats_add(stats, "dead_lettered", 1)
+return { 1, numbers_repairs() }

@@ -35,9 +35,10 @@ An ack is fenced: it only removes a lease that still carries this owner AND the
 token it was leased with. A worker presumed dead whose lease was requeued (and
 perhaps leased again, even to itself) can no longer remove it.
 
-Returns { statuses, acked }: statuses has one character per request,
+Returns { statuses, acked, repairs }: statuses has one character per request,
 "+" enqueued, "d" duplicate (seen), "s" start request already injected,
-"c" dropped: its lane's backlog is at the cap; acked counts the acks that matched.
+"c" dropped: its lane's backlog is at the cap; acked counts the acks that matched;
+repairs lists the values of crawl keys repaired (lib/numbers.lua).
 ]]
 -- #include dedup
 -- #include clock
@@ -45,6 +46,7 @@ Returns { statuses, acked }: statuses has one character per request,
 -- #include entry
 -- #include batch
 -- #include lanes
+-- #include numbers
 local queue, seq, starts = KEYS[1], KEYS[2], KEYS[4]
 local inflight, leases, stats = KEYS[5], KEYS[6], KEYS[7]
 local owned, requeues = KEYS[10], KEYS[11]
@@ -53,8 +55,12 @@ local seen, dedup, bloom = KEYS[3], KEYS[8], KEYS[9]
 local order, owner = ARGV[1], ARGV[2]
 local n_acks, concurrency, backlog_cap = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local first_request = 6 + 3 * n_acks
-dedup_init(seen, dedup, bloom) -- first: a corrupt dedup HASH fails before any write
-lanes_init(hosts, busy, backlog, host_next, concurrency, clock_ms())
+local n_requests = (#ARGV - first_request + 1) / 5
+-- First: a corrupt dedup HASH fails before any write (seq is repaired whatever it
+-- holds, lib/numbers.lua).
+dedup_init(seen, dedup, bloom)
+lanes_init(queue, hosts, busy, backlog, host_next, concurrency, clock_ms())
+local any_requeues = n_acks > 0 and redis.call("EXISTS", requeues) == 1
 
 -- Acks: one HMGET for all entries, one write per key for all of them, and one
 -- update per lane (its slots and its rest) however many of its leases end here.
@@ -86,17 +92,17 @@ if n_acks > 0 then
     end
     acked = #done_keys
     if acked > 0 then
+        local lanes_before = lanes_read(lanes_done) -- before the first write
         call_in_chunks("HDEL", inflight, done_keys) -- no "denyoom" command: see lease.lua
         call_in_chunks("ZREM", leases, done_keys)
         call_in_chunks("ZREM", owned, done_owned)
-        if redis.call("EXISTS", requeues) == 1 then
+        if any_requeues then
             call_in_chunks("HDEL", requeues, done_keys)
         end
-        lanes_update(lanes_done, freed, nil, rests, false)
+        lanes_write(lanes_done, lanes_before, freed, nil, rests, false)
     end
 end
 
-local n_requests = (#ARGV - first_request + 1) / 5
 local statuses = {}
 local to_add = {}
 local lanes, added = {}, {} -- the lanes of this batch, and requests added to each
@@ -109,7 +115,7 @@ for i = 0, n_requests - 1 do
         lanes[#lanes + 1] = lane
         added[lane] = 0
         if backlog_cap > 0 then
-            queued[lane] = tonumber(redis.call("HGET", backlog, lane) or "0")
+            queued[lane] = lane_queued(lane)
         end
     end
     if backlog_cap > 0 and added[lane] + queued[lane] >= backlog_cap then
@@ -127,7 +133,7 @@ for i = 0, n_requests - 1 do
 end
 
 if #to_add > 0 then
-    local last = redis.call("INCRBY", seq, #to_add)
+    local last = seq_take(seq, #to_add)
     local first = last - #to_add + 1
     local pairs_ = {}
     local lifo = order == "lifo"
@@ -144,13 +150,13 @@ if #to_add > 0 then
         end
     end
     lanes_update(grown, nil, added, nil, true) -- a lane already due keeps its turn
-    redis.call("HINCRBY", stats, "enqueued", #to_add)
+    stats_add(stats, "enqueued", #to_add)
 end
 local filtered = n_requests - #to_add
 if filtered > 0 then
-    redis.call("HINCRBY", stats, "filtered", filtered)
+    stats_add(stats, "filtered", filtered)
 end
 if acked > 0 then
-    redis.call("HINCRBY", stats, "acked", acked)
+    stats_add(stats, "acked", acked)
 end
-return { table.concat(statuses), acked }
+return { table.concat(statuses), acked, numbers_repairs() }

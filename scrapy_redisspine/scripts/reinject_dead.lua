@@ -15,22 +15,28 @@ KEYS[8]  host_next HASH   (lib/lanes.lua)
 ARGV[1]  concurrency  most requests of one lane in flight fleet-wide
 ARGV[2 ..]            dead-letter fields to re-inject
 
-Returns the number re-injected.
+Returns { reinjected, repairs }: the number re-injected, and the values of crawl
+keys repaired (lib/numbers.lua).
 ]]
 -- #include clock
 -- #include member
 -- #include lanes
+-- #include numbers
 local dead, queue, requeues, stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local hosts, busy, backlog, host_next = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local concurrency = tonumber(ARGV[1])
-lanes_init(hosts, busy, backlog, host_next, concurrency, clock_ms())
+lanes_init(queue, hosts, busy, backlog, host_next, concurrency, clock_ms())
 
 local reinjected = 0
 for i = 2, #ARGV do
     local entry = redis.call("HGET", dead, ARGV[i])
     if entry then
-        local member = string.sub(entry, string.find(entry, "\n", 1, true) + 1)
-        local lane, key = member_lane(member)
+        local reason_end = string.find(entry, "\n", 1, true)
+        local lane, key, member
+        if reason_end then
+            member = string.sub(entry, reason_end + 1)
+            lane, key = member_lane(member)
+        end
         if lane then
             redis.call("ZADD", queue, 0, member)
             redis.call("HDEL", requeues, key)
@@ -41,6 +47,6 @@ for i = 2, #ARGV do
     end
 end
 if reinjected > 0 then
-    redis.call("HINCRBY", stats, "reinjected", reinjected)
+    stats_add(stats, "reinjected", reinjected)
 end
-return reinjected
+return { reinjected, numbers_repairs() }

@@ -18,16 +18,18 @@ ARGV[1]  owner        worker id
 ARGV[2]  concurrency  most requests of one lane in flight fleet-wide
 ARGV[3 ..]            order key, lease token, order key, lease token ...
 
-Returns the number of requests put back (fenced: others' leases are left alone).
+Returns { released, repairs }: the number of requests put back (fenced: others'
+leases are left alone), and the values of crawl keys repaired (lib/numbers.lua).
 ]]
 -- #include clock
 -- #include lanes
 -- #include entry
 -- #include putback
+-- #include numbers
 local queue, inflight, leases, stats, owned = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local hosts, busy, backlog, host_next = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
 local owner, concurrency = ARGV[1], tonumber(ARGV[2])
-lanes_init(hosts, busy, backlog, host_next, concurrency, clock_ms())
+lanes_init(queue, hosts, busy, backlog, host_next, concurrency, clock_ms())
 entry_init(inflight, leases, owned)
 
 local released = 0
@@ -40,6 +42,6 @@ for i = 3, #ARGV, 2 do
     end
 end
 if released > 0 then
-    redis.call("HINCRBY", stats, "released", released)
+    stats_add(stats, "released", released)
 end
-return released
+return { released, numbers_repairs() }

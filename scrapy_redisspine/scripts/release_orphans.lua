@@ -19,16 +19,18 @@ ARGV[2]  limit        most leases to look at
 ARGV[3]  concurrency  most requests of one lane in flight fleet-wide
 ARGV[4 ..]            order keys this worker knows it holds (kept)
 
-Returns the number of leases put back.
+Returns { released, repairs }: the number of leases put back, and the values of
+crawl keys repaired (lib/numbers.lua).
 ]]
 -- #include clock
 -- #include lanes
 -- #include entry
 -- #include putback
+-- #include numbers
 local owned, inflight, leases, queue, stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local hosts, busy, backlog, host_next = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
 local owner, limit, concurrency = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
-lanes_init(hosts, busy, backlog, host_next, concurrency, clock_ms())
+lanes_init(queue, hosts, busy, backlog, host_next, concurrency, clock_ms())
 entry_init(inflight, leases, owned)
 
 local known = {}
@@ -53,6 +55,6 @@ for _, owned_member in ipairs(held) do
     end
 end
 if released > 0 then
-    redis.call("HINCRBY", stats, "released", released)
+    stats_add(stats, "released", released)
 end
-return released
+return { released, numbers_repairs() }

@@ -31,12 +31,14 @@ ARGV[6]  rest_ms       how long a requeued request's lane rests (the dead worker
                        may have been fetching from it), at least its Crawl-delay
 ARGV[7 ..]             pairs: lane, rest (ms) of lanes with a delay of their own
 
-Returns { requeued, dead_lettered, workers_removed }.
+Returns { requeued, dead_lettered, workers_removed, repairs }: repairs lists the
+values of crawl keys repaired (lib/numbers.lua).
 ]]
 -- #include clock
 -- #include lanes
 -- #include entry
 -- #include requeue
+-- #include numbers
 local workers, owned, inflight, leases = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local queue, dead, requeues, stats = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local timeout_ms, ceiling_ms = tonumber(ARGV[1]), tonumber(ARGV[2])
@@ -48,7 +50,7 @@ for i = 7, #ARGV - 1, 2 do
     lane_rests[ARGV[i]] = tonumber(ARGV[i + 1])
 end
 local now_ms = clock_ms()
-lanes_init(hosts, busy, backlog, host_next, concurrency, now_ms)
+lanes_init(queue, hosts, busy, backlog, host_next, concurrency, now_ms)
 entry_init(inflight, leases, owned)
 requeue_init(queue, requeues, dead, host_delay, max_requeues, rest_ms, lane_rests)
 local counts = { q = 0, d = 0 }
@@ -90,9 +92,9 @@ if ceiling_ms > 0 and budget > 0 then
 end
 
 if counts.q > 0 then
-    redis.call("HINCRBY", stats, "requeued", counts.q)
+    stats_add(stats, "requeued", counts.q)
 end
 if counts.d > 0 then
-    redis.call("HINCRBY", stats, "dead_lettered", counts.d)
+    stats_add(stats, "dead_lettered", counts.d)
 end
-return { counts.q, counts.d, removed }
+return { counts.q, counts.d, removed, numbers_repairs() }
