@@ -25,13 +25,14 @@ ARGV[5]  concurrency  most requests of one lane in flight fleet-wide
 
 Returns { buried, repairs }: buried is 1 if the lease was buried, 0 if it was not
 this owner's (any more); repairs lists the values of crawl keys repaired
-(lib/numbers.lua).
+(lib/numbers.lua). Every key's type is checked before the first write.
 ]]
 -- #include clock
 -- #include member
 -- #include lanes
 -- #include entry
 -- #include numbers
+-- #include keytypes
 local inflight, leases, dead, stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local owned, requeues = KEYS[5], KEYS[6]
 local hosts, busy, backlog, host_next, queue = KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11]
@@ -45,6 +46,8 @@ local member = fenced_member(key, owner, token)
 if not member then
     return { 0, numbers_repairs() }
 end
+keys_expect(dead, "hash", leases, "zset", owned, "zset", requeues, "hash", hosts, "zset",
+            busy, "hash", backlog, "hash", host_next, "hash", queue, "zset")
 redis.call("HSET", dead, key, reason .. "\n" .. member)
 lease_end(owner, key)
 redis.call("HDEL", requeues, key)

@@ -39,6 +39,11 @@ Returns { statuses, acked, repairs }: statuses has one character per request,
 "+" enqueued, "d" duplicate (seen), "s" start request already injected,
 "c" dropped: its lane's backlog is at the cap; acked counts the acks that matched;
 repairs lists the values of crawl keys repaired (lib/numbers.lua).
+
+Every key is read, or its type checked, before the first write: a key of the wrong
+type fails the script before an ack is applied or a fingerprint recorded (a
+fingerprint recorded for a request that never reached the queue would be lost: its
+next copy is a duplicate). Bloom filters of RedisBloom are not checked.
 ]]
 -- #include dedup
 -- #include clock
@@ -47,6 +52,7 @@ repairs lists the values of crawl keys repaired (lib/numbers.lua).
 -- #include batch
 -- #include lanes
 -- #include numbers
+-- #include keytypes
 local queue, seq, starts = KEYS[1], KEYS[2], KEYS[4]
 local inflight, leases, stats = KEYS[5], KEYS[6], KEYS[7]
 local owned, requeues = KEYS[10], KEYS[11]
@@ -56,11 +62,21 @@ local order, owner = ARGV[1], ARGV[2]
 local n_acks, concurrency, backlog_cap = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local first_request = 6 + 3 * n_acks
 local n_requests = (#ARGV - first_request + 1) / 5
--- First: a corrupt dedup HASH fails before any write (seq is repaired whatever it
--- holds, lib/numbers.lua).
+-- First: a corrupt dedup HASH or a key of the wrong type fails before any write (seq
+-- is repaired whatever it holds, lib/numbers.lua).
 dedup_init(seen, dedup, bloom)
 lanes_init(queue, hosts, busy, backlog, host_next, concurrency, clock_ms())
-local any_requeues = n_acks > 0 and redis.call("EXISTS", requeues) == 1
+local any_requeues = n_acks > 0 and key_exists(requeues, "hash")
+if n_acks > 0 then
+    keys_expect(leases, "zset", owned, "zset") -- the lanes' HASHes: read before the acks
+end
+if n_requests > 0 then
+    keys_expect(queue, "zset", starts, "set", seen, "set", busy, "hash", backlog, "hash",
+                host_next, "hash")
+end
+if n_acks + n_requests > 0 then
+    key_exists(hosts, "zset")
+end
 
 -- Acks: one HMGET for all entries, one write per key for all of them, and one
 -- update per lane (its slots and its rest) however many of its leases end here.

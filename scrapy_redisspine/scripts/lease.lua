@@ -40,12 +40,18 @@ text), how many requests stay queued and in flight fleet-wide, how many malforme
 members went to the dead letters, in how many ms the next lane becomes due (-1:
 none scheduled), and the values of crawl keys repaired (lib/numbers.lua). The
 arrays members, requeued and delays always have the same length.
+
+Every key is read, or its type checked (lib/keytypes.lua), before the writes that
+lease: a key of the wrong type fails the script before a request left the queue.
+Only bookkeeping that is right on its own may come first (a lane's schedule fixed, a
+malformed member dead-lettered).
 ]]
 -- #include clock
 -- #include member
 -- #include batch
 -- #include lanes
 -- #include numbers
+-- #include keytypes
 local queue, inflight, leases, stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local dead, seq, owned, requeues = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local hosts, busy, backlog, host_next, host_delay = KEYS[9], KEYS[10], KEYS[11], KEYS[12], KEYS[13]
@@ -55,12 +61,17 @@ lanes_init(queue, hosts, busy, backlog, host_next, concurrency, now_ms)
 
 local members, requeued, delays = {}, {}, {}
 -- Usually both are empty: checked once per call (then one HMGET each, see below).
-local any_requeues = count > 0 and redis.call("EXISTS", requeues) == 1
-local any_delays = count > 0 and redis.call("EXISTS", host_delay) == 1
+local any_requeues = count > 0 and key_exists(requeues, "hash")
+local any_delays = count > 0 and key_exists(host_delay, "hash")
 local malformed = 0
 local token = 0
+local dead_checked = false
 
 local function bury_malformed(member)
+    if not dead_checked then
+        key_exists(dead, "hash") -- before the ZREM: the member must land somewhere
+        dead_checked = true
+    end
     redis.call("ZREM", queue, member)
     local field = "malformed:" .. seq_take(seq, 1)
     redis.call("HSET", dead, field, "malformed queue member\n" .. member)
@@ -153,6 +164,7 @@ local function lease_picked(picked)
     local times = any_requeues and hmget_in_chunks(requeues, taken_keys) or {}
     local delay_of = any_delays and lane_delays(lanes) or {}
     local lanes_before = lanes_read(lanes) -- (busy was read by pick)
+    keys_expect(leases, "zset", owned, "zset")
     -- ZREM first: Redis checks maxmemory only before a script's first write, and ZREM
     -- is no "denyoom" command, so leases (which free memory once acked) still work on
     -- a full Redis.

@@ -16,16 +16,19 @@ ARGV[1]  concurrency  most requests of one lane in flight fleet-wide
 ARGV[2 ..]            dead-letter fields to re-inject
 
 Returns { reinjected, repairs }: the number re-injected, and the values of crawl
-keys repaired (lib/numbers.lua).
+keys repaired (lib/numbers.lua). Every key's type is checked before the first write.
 ]]
 -- #include clock
 -- #include member
 -- #include lanes
 -- #include numbers
+-- #include keytypes
 local dead, queue, requeues, stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local hosts, busy, backlog, host_next = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local concurrency = tonumber(ARGV[1])
 lanes_init(queue, hosts, busy, backlog, host_next, concurrency, clock_ms())
+keys_expect(dead, "hash", queue, "zset", requeues, "hash", hosts, "zset", busy, "hash",
+            backlog, "hash", host_next, "hash")
 
 local reinjected = 0
 for i = 2, #ARGV do

@@ -20,17 +20,21 @@ ARGV[3 ..]            order key, lease token, order key, lease token ...
 
 Returns { released, repairs }: the number of requests put back (fenced: others'
 leases are left alone), and the values of crawl keys repaired (lib/numbers.lua).
+Every key's type is checked before the first write.
 ]]
 -- #include clock
 -- #include lanes
 -- #include entry
 -- #include putback
 -- #include numbers
+-- #include keytypes
 local queue, inflight, leases, stats, owned = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local hosts, busy, backlog, host_next = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
 local owner, concurrency = ARGV[1], tonumber(ARGV[2])
 lanes_init(queue, hosts, busy, backlog, host_next, concurrency, clock_ms())
 entry_init(inflight, leases, owned)
+keys_expect(queue, "zset", inflight, "hash", leases, "zset", owned, "zset", hosts, "zset",
+            busy, "hash", backlog, "hash", host_next, "hash")
 
 local released = 0
 for i = 3, #ARGV, 2 do

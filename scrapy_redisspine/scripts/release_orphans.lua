@@ -20,18 +20,22 @@ ARGV[3]  concurrency  most requests of one lane in flight fleet-wide
 ARGV[4 ..]            order keys this worker knows it holds (kept)
 
 Returns { released, repairs }: the number of leases put back, and the values of
-crawl keys repaired (lib/numbers.lua).
+crawl keys repaired (lib/numbers.lua). Every key's type is checked before the first
+write.
 ]]
 -- #include clock
 -- #include lanes
 -- #include entry
 -- #include putback
 -- #include numbers
+-- #include keytypes
 local owned, inflight, leases, queue, stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local hosts, busy, backlog, host_next = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
 local owner, limit, concurrency = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 lanes_init(queue, hosts, busy, backlog, host_next, concurrency, clock_ms())
 entry_init(inflight, leases, owned)
+keys_expect(owned, "zset", inflight, "hash", leases, "zset", queue, "zset", hosts, "zset",
+            busy, "hash", backlog, "hash", host_next, "hash")
 
 local known = {}
 for i = 4, #ARGV do

@@ -32,13 +32,15 @@ ARGV[6]  rest_ms       how long a requeued request's lane rests (the dead worker
 ARGV[7 ..]             pairs: lane, rest (ms) of lanes with a delay of their own
 
 Returns { requeued, dead_lettered, workers_removed, repairs }: repairs lists the
-values of crawl keys repaired (lib/numbers.lua).
+values of crawl keys repaired (lib/numbers.lua). Every key's type is checked before
+the first write.
 ]]
 -- #include clock
 -- #include lanes
 -- #include entry
 -- #include requeue
 -- #include numbers
+-- #include keytypes
 local workers, owned, inflight, leases = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local queue, dead, requeues, stats = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local timeout_ms, ceiling_ms = tonumber(ARGV[1]), tonumber(ARGV[2])
@@ -52,6 +54,9 @@ end
 local now_ms = clock_ms()
 lanes_init(queue, hosts, busy, backlog, host_next, concurrency, now_ms)
 entry_init(inflight, leases, owned)
+keys_expect(workers, "zset", owned, "zset", inflight, "hash", leases, "zset", queue, "zset",
+            dead, "hash", requeues, "hash", hosts, "zset", busy, "hash", backlog, "hash",
+            host_next, "hash", host_delay, "hash")
 requeue_init(queue, requeues, dead, host_delay, max_requeues, rest_ms, lane_rests)
 local counts = { q = 0, d = 0 }
 local budget = limit

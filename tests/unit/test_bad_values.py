@@ -9,17 +9,17 @@ test runs on fakeredis and on the real redis-server (the ``client`` fixture).
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Any
 
 import pytest
+import redis
 
 from scrapy_redisspine._results import count_result, enqueue_result, lease_batch
 from scrapy_redisspine.dedup import MODE_BLOOM, Dedup, DedupParams
 from scrapy_redisspine.frontier import Frontier, NewRequest, split_member
 
 if TYPE_CHECKING:
-    import redis
-
     from scrapy_redisspine._results import Repairs
     from scrapy_redisspine.keys import CrawlKeys
     from tests.unit.conftest import FrontierFactory
@@ -388,6 +388,76 @@ class TestEveryOperation:
         assert _where(client, crawl_keys) == (1, 0, 0)
         assert _hget(client, crawl_keys.backlog, LANE) == b"1"
         assert len(frontier.lease(1).leases) == 1
+
+
+# -- a key of the wrong type fails a script before it wrote anything ----------------
+
+
+class TestWrongTypeWritesNothing:
+    @pytest.mark.parametrize("name", ["leases", "owned", "backlog", "host_next", "dead"])
+    def test_lease(
+        self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys, name: str
+    ) -> None:
+        frontier.enqueue([_request(b"1")])
+        if name == "dead":  # only a malformed member goes there
+            client.zadd(crawl_keys.queue, {b"a.example\x00!sorts first, no order key": 0})
+        client.set(getattr(crawl_keys, name), "a string")
+        queue = client.zrange(crawl_keys.queue, 0, -1)
+
+        # Named by the check (lib/keytypes.lua), or WRONGTYPE from a read before any
+        # write (the lanes' HASHes are read before the leases are written).
+        with pytest.raises(redis.ResponseError, match=r"WRONGTYPE|expected a"):
+            frontier.lease(2)
+
+        assert client.zrange(crawl_keys.queue, 0, -1) == queue
+        assert client.hlen(crawl_keys.inflight) == 0
+
+    @pytest.mark.parametrize("name", ["leases", "owned", "hosts", "queue", "starts", "seen"])
+    def test_enqueue_with_acks(
+        self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys, name: str
+    ) -> None:
+        frontier.enqueue([_request(b"parent")])
+        lease = frontier.lease(1).leases[0]
+        if name == "queue":
+            client.delete(crawl_keys.queue)
+        client.set(getattr(crawl_keys, name), "a string")
+        seen_before = client.type(crawl_keys.seen)
+
+        with pytest.raises(redis.ResponseError, match=re.escape(getattr(crawl_keys, name))):
+            frontier.enqueue([NewRequest(b"child", b"fp-child", is_start=True, lane=LANE)],
+                             [(*lease.handle, 0)])
+
+        assert client.hexists(crawl_keys.inflight, lease.key)  # the ack was not applied
+        assert client.type(crawl_keys.seen) == seen_before
+        if name != "seen":
+            assert not client.sismember(crawl_keys.seen, b"fp-child"[:14])
+        if name != "starts":
+            assert not client.sismember(crawl_keys.starts, b"fp-child")
+
+    @pytest.mark.parametrize("operation", ["release", "bury", "sweep", "orphans"])
+    def test_the_cold_scripts(
+        self, make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys,
+        operation: str,
+    ) -> None:
+        frontier = make_frontier("w1")
+        frontier.enqueue([_request(b"1")])
+        lease = frontier.lease(1).leases[0]
+        client.set(crawl_keys.dead if operation in ("bury", "sweep") else crawl_keys.queue,
+                   "a string")
+        _beat(client, crawl_keys, "w1", age_ms=10 * TIMEOUT_MS)
+        run = {
+            "release": lambda: frontier.release([lease.handle]),
+            "bury": lambda: frontier.bury(lease.handle, "bad"),
+            "sweep": lambda: _sweep(frontier),
+            "orphans": lambda: frontier.release_orphans([]),
+        }[operation]
+
+        with pytest.raises(redis.ResponseError, match="expected a"):
+            run()
+
+        assert client.hexists(crawl_keys.inflight, lease.key)
+        assert client.zscore(crawl_keys.leases, lease.key) is not None
+        assert client.zscore(crawl_keys.owned, f"w1\n{lease.key}") is not None
 
 
 # -- dedup counters ---------------------------------------------------------------------

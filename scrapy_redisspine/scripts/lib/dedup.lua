@@ -1,7 +1,7 @@
 --[[
 dedup library: for scripts that must decide "seen before?" atomically with what
 they do next.
-Includes numbers. Needs dedup_init called first (by the script).
+Includes numbers, keytypes. Needs dedup_init called first (by the script).
 
 dedup_init(seen, dedup, bloom) -> mode, impl: the HASH's fields below (mode "set" if none)
   seen   SET    raw fingerprints (mode "set", drained while "migrating")
@@ -12,8 +12,9 @@ dedup_add(fingerprint) -> 1 when the fingerprint is new (and is now recorded),
 dedup_filter_add(fingerprint) -> the same for the filter alone (migrate_dedup.lua).
 
 The meta HASH (`dedup`) is read and checked once, by dedup_init, with the bitmap's
-length: a script calls it before any write of its own, so a corrupt HASH or bitmap
-aborts the script before it changed anything.
+type and length: a script calls it before any write of its own, so a corrupt HASH or
+bitmap aborts the script before it changed anything (the type of `seen` is the
+script's to check, if it writes elsewhere first: enqueue.lua).
 Only the layers in use are parsed. A layer's count that is no number is repaired
 (lib/numbers.lua) to the layer's capacity: the layer is taken as full, so the filter
 grows now, never as empty (an overfull layer would take new fingerprints for seen
@@ -49,6 +50,7 @@ last layer with one SETRANGE of the bytes that change. When that layer reaches i
 capacity the next planned layer (allocated here, zeroed) takes over.
 ]]
 -- #include numbers
+-- #include keytypes
 local dedup_byte, dedup_char, dedup_format, dedup_sub = string.byte, string.char, string.format, string.sub
 local dedup_digest_bytes, dedup_member_bytes = 20, 14 -- a digest, and what the SET keeps of it
 local dedup_masks = { 128, 64, 32, 16, 8, 4, 2, 1 } -- bit i of a byte, as Redis numbers it
@@ -107,6 +109,7 @@ local function dedup_load()
         dedup_load_layer(i)
     end
     local last = dedup_layers[active]
+    key_exists(dedup_bloom, "string")
     if redis.call("STRLEN", dedup_bloom) < last.offset + last.blocks * block_bytes then
         dedup_fail("Bloom bitmap " .. dedup_bloom .. " is shorter than its layers")
     end

@@ -20,7 +20,8 @@ requeue_lease(key, reason) -> "q" requeued, "d" dead-lettered, "" nothing to do
 requeue count or a Crawl-delay that is no number is dropped (lib/numbers.lua): the
 request gets a fresh budget, the lane rests rest_ms.
 
-The numbers are read before the first write.
+The keys and numbers are read before the first write; the caller checks the types
+of queue and dead.
 ]]
 -- #include member
 -- #include lanes
