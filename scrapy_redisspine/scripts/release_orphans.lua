@@ -13,6 +13,8 @@ KEYS[6]  hosts     ZSET   (lib/lanes.lua)
 KEYS[7]  busy      HASH   (lib/lanes.lua)
 KEYS[8]  backlog   HASH   (lib/lanes.lua)
 KEYS[9]  host_next HASH   (lib/lanes.lua)
+KEYS[10] dead      HASH   dead letters: order key -> reason \n entry (in-flight entries
+                          that are not "owner \n token \n member")
 
 ARGV[1]  owner        worker id
 ARGV[2]  limit        most leases to look at
@@ -30,12 +32,12 @@ write.
 -- #include numbers
 -- #include keytypes
 local owned, inflight, leases, queue, stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local hosts, busy, backlog, host_next = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
+local hosts, busy, backlog, host_next, dead = KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
 local owner, limit, concurrency = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 lanes_init(queue, hosts, busy, backlog, host_next, concurrency, clock_ms())
 entry_init(inflight, leases, owned)
 keys_expect(owned, "zset", inflight, "hash", leases, "zset", queue, "zset", hosts, "zset",
-            busy, "hash", backlog, "hash", host_next, "hash")
+            busy, "hash", backlog, "hash", host_next, "hash", dead, "hash")
 
 local known = {}
 for i = 4, #ARGV do
@@ -47,14 +49,21 @@ local held = redis.call("ZRANGEBYLEX", owned, "[" .. owner .. "\n", "(" .. owner
 for _, owned_member in ipairs(held) do
     local key = string.sub(owned_member, #owner + 2)
     if not known[key] then
-        local entry = redis.call("HGET", inflight, key)
+        local entry = entry_get(key)
+        local entry_owner, member
         if entry then
-            local _, member = entry_parts(entry)
+            entry_owner, member = entry_parts(entry)
+        end
+        if entry_owner == owner then
             put_back(queue, owner, key, member)
             released = released + 1
-        else
-            redis.call("ZREM", leases, key)
+        elseif entry and not entry_owner then
+            entry_bury_malformed(dead, key, entry, owner)
+        else -- gone, or another worker's lease since: only this index entry is stale
             redis.call("ZREM", owned, owned_member)
+            if not entry then
+                lease_forget(key)
+            end
         end
     end
 end

@@ -62,8 +62,8 @@ local counts = { q = 0, d = 0 }
 local budget = limit
 local removed = 0
 
-local function handle(key, reason)
-    local outcome = requeue_lease(key, reason)
+local function handle(key, reason, owner)
+    local outcome = requeue_lease(key, reason, owner)
     if outcome ~= "" then
         counts[outcome] = counts[outcome] + 1
     end
@@ -80,7 +80,8 @@ for _, worker in ipairs(stale) do
     local held = redis.call("ZRANGEBYLEX", owned, "[" .. worker .. "\n", "(" .. worker .. "\v",
                             "LIMIT", 0, budget)
     for _, member in ipairs(held) do
-        handle(string.sub(member, #worker + 2), "worker " .. worker .. " stopped heartbeating")
+        handle(string.sub(member, #worker + 2), "worker " .. worker .. " stopped heartbeating",
+               worker)
     end
     if budget > 0 then
         redis.call("ZREM", workers, worker)

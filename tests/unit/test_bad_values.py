@@ -390,6 +390,52 @@ class TestEveryOperation:
         assert len(frontier.lease(1).leases) == 1
 
 
+# -- malformed in-flight entries ------------------------------------------------------
+
+
+class TestMalformedEntries:
+    def test_a_sweep_dead_letters_an_entry_it_cannot_read(
+        self, make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        sweeper = make_frontier("sweeper")
+        client.hset(crawl_keys.inflight, "000000000000042", "no separators")
+        client.zadd(crawl_keys.owned, {"dead\n000000000000042": 0})
+        client.zadd(crawl_keys.leases, {"000000000000042": 1})
+        _beat(client, crawl_keys, "dead", age_ms=10 * TIMEOUT_MS)
+
+        result = _sweep(sweeper)
+
+        assert (result.requeued, result.dead_lettered, result.workers_removed) == (0, 1, 1)
+        assert _repaired(result.repairs, crawl_keys.inflight, "no separators")
+        assert _where(client, crawl_keys) == (0, 0, 1)
+        assert client.zcard(crawl_keys.owned) == client.zcard(crawl_keys.leases) == 0
+
+    def test_release_orphans_dead_letters_an_entry_it_cannot_read(
+        self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        client.hset(crawl_keys.inflight, "000000000000042", "garbage")
+        client.zadd(crawl_keys.owned, {"w1\n000000000000042": 0})
+
+        released = frontier.release_orphans([])
+
+        assert released == 0
+        assert _repaired(released.repairs, crawl_keys.inflight)
+        assert _where(client, crawl_keys) == (0, 0, 1)
+
+    def test_release_orphans_leaves_another_workers_lease_alone(
+        self, make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        mine, theirs = make_frontier("w1"), make_frontier("w2")
+        mine.enqueue([_request(b"1")])
+        lease = theirs.lease(1).leases[0]
+        client.zadd(crawl_keys.owned, {f"w1\n{lease.key}": 0})  # a stale index entry
+
+        assert mine.release_orphans([]) == 0
+        assert _where(client, crawl_keys) == (0, 1, 0)
+        assert client.zscore(crawl_keys.owned, f"w1\n{lease.key}") is None
+        assert theirs.ack([(*lease.handle, 0)]) == 1
+
+
 # -- a key of the wrong type fails a script before it wrote anything ----------------
 
 

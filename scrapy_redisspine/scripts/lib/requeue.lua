@@ -15,10 +15,12 @@ requeue_init(queue, requeues, dead, host_delay, max_requeues, rest_ms, lane_rest
   lane_rests    table lane -> ms, for lanes with a delay of their own (instead of
                 rest_ms)
 
-requeue_lease(key, reason) -> "q" requeued, "d" dead-lettered, "" nothing to do
-(already acked, released or requeued: this is what makes concurrent sweeps safe). A
-requeue count or a Crawl-delay that is no number is dropped (lib/numbers.lua): the
-request gets a fresh budget, the lane rests rest_ms.
+requeue_lease(key, reason [, owner]) -> "q" requeued, "d" dead-lettered, "" nothing to
+do (already acked, released or requeued: this is what makes concurrent sweeps safe;
+its index entries are removed, in owned too if the caller knows the owner). An
+entry that is not one lease.lua writes is dead-lettered as it is. A requeue count or
+a Crawl-delay that is no number is dropped (lib/numbers.lua): the request gets a
+fresh budget, the lane rests rest_ms.
 
 The keys and numbers are read before the first write; the caller checks the types
 of queue and dead.
@@ -65,13 +67,17 @@ local function requeue_times(key)
     return times
 end
 
-local function requeue_lease(key, reason)
+local function requeue_lease(key, reason, owner_hint)
     local entry = entry_get(key)
     if not entry then
-        lease_forget(key)
+        lease_forget(key, owner_hint)
         return ""
     end
     local owner, member = entry_parts(entry)
+    if not owner then
+        entry_bury_malformed(requeue_dead, key, entry, owner_hint)
+        return "d"
+    end
     local lane = member_lane(member)
     local times = requeue_times(key) + 1
     local rest = lane and requeue_rest(lane)
