@@ -14,10 +14,12 @@ from typing import TYPE_CHECKING
 from scrapy_redisspine._results import (
     Count,
     SweepResult,
+    UnindexedResult,
     count_result,
     fields,
     number,
     repairs_of,
+    text,
 )
 from scrapy_redisspine.control import record_progress
 from scrapy_redisspine.members import split_member
@@ -129,6 +131,31 @@ class FrontierUpkeep:
         requeued, dead, removed, repairs = fields(self._scripts.run("requeue_stale", args), 4)
         return SweepResult(number(requeued), number(dead), number(removed), repairs_of(repairs))
 
+    def repair_unindexed(
+        self,
+        cursor: str = "0",
+        limit: int = 100,
+        *,
+        timeout_ms: int,
+        max_requeues: int,
+        rest_ms: int = 0,
+        lane_rests: Mapping[str, int] | None = None,
+    ) -> UnindexedResult:
+        """One bounded step over in-flight entries and their indexes (any worker).
+
+        An in-flight entry without its index entries (no sweep would ever find it) is
+        indexed again if its owner heartbeats within ``timeout_ms``, else requeued as
+        :meth:`requeue_stale` would (same ``max_requeues``, ``rest_ms``,
+        ``lane_rests``); an index entry pointing to no lease is removed. Start with
+        cursor "0" and pass each result's ``cursor`` to the next call; a pass is done
+        when it comes back "0". ``limit`` is the COUNT of the step's HSCAN/ZSCAN.
+        """
+        args: list[str | int] = [cursor, limit, timeout_ms, max_requeues, self.concurrency,
+                                 rest_ms, *_pairs(lane_rests)]
+        reply = self._scripts.run("repair_unindexed", args)
+        next_cursor, requeued, dead, reindexed, removed, repairs = fields(reply, 6)
+        return UnindexedResult(text(next_cursor) or "0", number(requeued), number(dead),
+                               number(reindexed), number(removed), repairs_of(repairs))
 
     def dead_letters(self, limit: int = 100) -> list[DeadLetter]:
         """Up to ``limit`` dead letters (HSCAN: never blocks Redis on a big crawl)."""

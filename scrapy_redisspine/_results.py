@@ -12,7 +12,7 @@ element of its reply (``scripts/lib/numbers.lua``): one text per repair,
 ``"<key> <field> <old value, quoted and truncated> -> <what it is now>"`` (field ``-``
 for a STRING key such as ``seq``). Every result carries them as ``repairs``, a
 tuple of str, empty almost always, for the worker to log: ``LeaseBatch``,
-``EnqueueResult``, ``SweepResult`` as a field, and the plain
+``EnqueueResult``, ``SweepResult``, ``UnindexedResult`` as a field, and the plain
 counts (``release``, ``release_orphans``, ``bury``, ``reinject_dead``) as a
 :class:`Count`, an ``int`` with a ``repairs`` attribute.
 """
@@ -96,6 +96,24 @@ class SweepResult:
     requeued: int
     dead_lettered: int
     workers_removed: int
+    repairs: Repairs = ()
+
+
+@dataclass(frozen=True)
+class UnindexedResult:
+    """One step of :meth:`FrontierUpkeep.repair_unindexed`.
+
+    ``cursor`` is where the next step goes on ("0": a whole pass is done); in-flight
+    entries without their index entries were ``requeued`` (owner dead; or
+    ``dead_lettered``, requeued too often or unreadable) or ``reindexed`` (owner
+    alive); ``removed`` index entries pointed to no lease.
+    """
+
+    cursor: str
+    requeued: int
+    dead_lettered: int
+    reindexed: int
+    removed: int
     repairs: Repairs = ()
 
 

@@ -36,6 +36,7 @@ from scrapy_redisspine._results import (
     LeaseBatch,
     Repairs,
     SweepResult,
+    UnindexedResult,
     count_result,
     enqueue_result,
     lease_batch,
@@ -56,7 +57,7 @@ if TYPE_CHECKING:
 __all__ = [
     "EXPECTED_TYPES", "ORDER_KEY_LENGTH", "PRIORITY_KEY_LENGTH", "Ack", "CorruptKeyError",
     "Count", "DeadLetter", "EnqueueResult", "Frontier", "Lease", "LeaseBatch", "LeaseHandle",
-    "NewRequest", "Repairs", "SweepResult", "priority_key", "split_member",
+    "NewRequest", "Repairs", "SweepResult", "UnindexedResult", "priority_key", "split_member",
 ]
 
 

@@ -436,6 +436,123 @@ class TestMalformedEntries:
         assert theirs.ack([(*lease.handle, 0)]) == 1
 
 
+# -- in-flight entries without their index entries -----------------------------------
+
+
+def _repair_pass(frontier: Frontier, limit: int = 100) -> dict[str, Any]:
+    """repair_unindexed from cursor "0" until the pass is done; the totals."""
+    totals: dict[str, Any] = {"steps": 0, "requeued": 0, "dead_lettered": 0,
+                              "reindexed": 0, "removed": 0, "repairs": ()}
+    cursor = "0"
+    while True:
+        step = frontier.upkeep.repair_unindexed(
+            cursor, limit, timeout_ms=TIMEOUT_MS, max_requeues=5
+        )
+        totals["steps"] += 1
+        for name in ("requeued", "dead_lettered", "reindexed", "removed"):
+            totals[name] += getattr(step, name)
+        totals["repairs"] += step.repairs
+        cursor = step.cursor
+        if cursor == "0":
+            return totals
+        assert totals["steps"] < 1000
+
+
+def _unindex(client: redis.Redis, keys: CrawlKeys, owner: str, key: str) -> None:
+    client.zrem(keys.leases, key)
+    client.zrem(keys.owned, f"{owner}\n{key}")
+
+
+class TestRepairUnindexed:
+    def test_a_live_owners_entry_is_indexed_again(
+        self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        frontier.enqueue([_request(b"1"), _request(b"2", OTHER)])
+        lost, kept = frontier.lease(2).leases
+        _beat(client, crawl_keys, "w1")
+        _unindex(client, crawl_keys, "w1", lost.key)
+
+        totals = _repair_pass(frontier)
+
+        assert (totals["reindexed"], totals["requeued"], totals["removed"]) == (1, 0, 0)
+        assert client.zscore(crawl_keys.leases, lost.key) is not None
+        assert client.zscore(crawl_keys.owned, f"w1\n{lost.key}") is not None
+        # Indexed again, it is found like any lease: by its owner's orphan check ...
+        assert frontier.release_orphans([kept.key]) == 1
+        assert _where(client, crawl_keys) == (1, 1, 0)
+
+    def test_a_dead_owners_entry_is_requeued_with_its_lane(
+        self, make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        dead, sweeper = make_frontier("dead"), make_frontier("sweeper")
+        dead.enqueue([_request(b"1"), _request(b"2")])
+        lease = dead.lease(1).leases[0]
+        _beat(client, crawl_keys, "dead", age_ms=10 * TIMEOUT_MS)
+        _unindex(client, crawl_keys, "dead", lease.key)
+        assert _sweep(sweeper).requeued == 0  # no sweep finds it
+
+        totals = _repair_pass(sweeper)
+
+        assert (totals["requeued"], totals["reindexed"]) == (1, 0)
+        assert _where(client, crawl_keys) == (2, 0, 0)
+        assert _hget(client, crawl_keys.busy, LANE) is None
+        assert _hget(client, crawl_keys.requeues, lease.key) == b"1"
+        assert len(sweeper.lease(1).leases) == 1  # the lane's slot came back
+
+    def test_an_owner_that_never_heartbeated_counts_as_dead(
+        self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        frontier.enqueue([_request(b"1")])
+        lease = frontier.lease(1).leases[0]
+        client.zrem(crawl_keys.owned, f"w1\n{lease.key}")  # one index entry is enough
+
+        assert _repair_pass(frontier)["requeued"] == 1
+        assert _where(client, crawl_keys) == (1, 0, 0)
+
+    def test_index_entries_pointing_to_no_lease_are_removed(
+        self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        frontier.enqueue([_request(b"1")])
+        lease = frontier.lease(1).leases[0]
+        _beat(client, crawl_keys, "w1")
+        client.zadd(crawl_keys.leases, {"000000000000999": 1})
+        client.zadd(crawl_keys.owned, {"w1\n000000000000999": 0, "w9\n" + lease.key: 0,
+                                       "no separator": 0})
+
+        totals = _repair_pass(frontier)
+
+        assert (totals["removed"], totals["requeued"], totals["reindexed"]) == (4, 0, 0)
+        assert client.zrange(crawl_keys.leases, 0, -1) == [lease.key.encode()]
+        assert client.zrange(crawl_keys.owned, 0, -1) == [f"w1\n{lease.key}".encode()]
+
+    def test_an_unreadable_entry_is_dead_lettered(
+        self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        client.hset(crawl_keys.inflight, "000000000000042", "garbage")
+
+        totals = _repair_pass(frontier)
+
+        assert totals["dead_lettered"] == 1
+        assert _repaired(totals["repairs"], crawl_keys.inflight)
+        assert _where(client, crawl_keys) == (0, 0, 1)
+
+    def test_the_work_is_bounded_by_the_cursor_the_caller_keeps(
+        self, make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        frontier = make_frontier("w1", concurrency=1000)
+        frontier.enqueue([_request(b"%d" % i) for i in range(600)])
+        leases = frontier.lease(600).leases
+        _beat(client, crawl_keys, "w1")
+        for lease in leases[::3]:
+            _unindex(client, crawl_keys, "w1", lease.key)
+
+        totals = _repair_pass(frontier, limit=50)
+
+        assert totals["reindexed"] == 200
+        assert totals["steps"] > 3  # several steps per structure, each bounded
+        assert client.zcard(crawl_keys.leases) == client.zcard(crawl_keys.owned) == 600
+
+
 # -- a key of the wrong type fails a script before it wrote anything ----------------
 
 
