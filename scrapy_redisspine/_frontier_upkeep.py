@@ -189,9 +189,15 @@ class FrontierUpkeep:
         return int(queued), int(inflight)
 
     def fleet_stats(self) -> dict[str, int]:
-        """The crawl's fleet-wide counters (a small HASH of a dozen fields)."""
+        """The crawl's fleet-wide counters (a small HASH of a dozen fields); a field
+        that holds no integer is left out (the next script to count it repairs it)."""
         raw: dict[bytes, bytes] = self.client.hgetall(self.keys.stats)  # type: ignore[assignment]
-        return {name.decode(): int(value) for name, value in raw.items()}
+        counters = {}
+        for name, value in raw.items():
+            counter = number(value, -1)
+            if counter >= 0:
+                counters[text(name)] = counter
+        return counters
 
     def workers_alive(self, timeout_ms: int) -> int:
         """Workers whose last heartbeat is younger than ``timeout_ms`` (server time)."""

@@ -199,11 +199,14 @@ class Dedup:
                 raise ValueError(f"block size {meta.get('block_bytes')!r}")
             layers = tuple(BloomLayer.decode(meta.get(f"layer:{i}") or "")
                            for i in range(1, planned + 1))
-            counts = tuple(int(meta.get(f"count:{i}") or 0) for i in range(1, active + 1))
         except ValueError as exc:
             raise self._corrupt(k.dedup, f"has bad Bloom filter parameters ({exc})") from None
         if not 1 <= active <= planned:
             raise self._corrupt(k.dedup, f"has a bad layer count {active}/{planned}")
+        # A count that is no number: the layer is taken as full, as lib/dedup.lua
+        # repairs it (never as empty: an overfull layer takes new for seen).
+        counts = tuple(number(meta.get(f"count:{i}") or 0, layers[i - 1].capacity)
+                       for i in range(1, active + 1))
         needed = layers[active - 1].end
         length = int(self.client.strlen(k.bloom)) if bloom_type == b"string" else 0  # type: ignore[arg-type]
         if bloom_type != b"string" or length < needed:

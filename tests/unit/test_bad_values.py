@@ -18,6 +18,7 @@ import redis
 from scrapy_redisspine._results import count_result, enqueue_result, lease_batch
 from scrapy_redisspine.dedup import MODE_BLOOM, Dedup, DedupParams
 from scrapy_redisspine.frontier import Frontier, NewRequest, split_member
+from scrapy_redisspine.status import read_status
 
 if TYPE_CHECKING:
     from scrapy_redisspine._results import Repairs
@@ -272,6 +273,13 @@ class TestStats:
         assert {fourth.key, fifth.key} <= {
             split_member(member)[1] for member in client.zrange(crawl_keys.queue, 0, -1)
         }
+
+    def test_the_fleet_counters_leave_out_a_garbage_field(
+        self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        client.hset(crawl_keys.stats, mapping={"acked": "x", "leased": "3"})
+
+        assert frontier.upkeep.fleet_stats() == {"leased": 3}
 
     def test_a_stats_key_of_the_wrong_type_loses_counts_not_requests(
         self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
@@ -635,6 +643,7 @@ def test_a_garbage_bloom_layer_count_takes_the_layer_as_full(
     record.open()
     assert record.maintain().mode == MODE_BLOOM
     client.hset(crawl_keys.dedup, "count:1", "garbage")
+    assert record.state().layer_counts == (2000,)  # the Python side reads it so too
 
     result = frontier.enqueue([NewRequest(b"1", bytes(range(20)), lane=LANE)])
 
@@ -642,6 +651,23 @@ def test_a_garbage_bloom_layer_count_takes_the_layer_as_full(
     assert _repaired(result.repairs, crawl_keys.dedup, "count:1")
     assert record.state().active_layers == 2  # taken as full: the filter grew
     assert frontier.enqueue([NewRequest(b"1", bytes(range(20)), lane=LANE)]).statuses == "d"
+
+
+# -- tools reading the same keys ---------------------------------------------------------
+
+
+def test_status_shows_garbage_as_zero(
+    frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
+) -> None:
+    frontier.enqueue([_request(b"1")])
+    _garble_lanes(client, crawl_keys)
+    client.hset(crawl_keys.stats, "acked", "x")
+
+    status = read_status(client, crawl_keys)
+
+    assert status["hosts"][0]["backlog"] == 0
+    assert status["hosts"][0]["crawl_delay_seconds"] == 0
+    assert status["counters"]["acked"] == 0
 
 
 # -- reading replies never raises ---------------------------------------------------------
