@@ -15,10 +15,10 @@ The meta HASH (`dedup`) is read and checked once, by dedup_init, with the bitmap
 type and length: a script calls it before any write of its own, so a corrupt HASH or
 bitmap aborts the script before it changed anything (the type of `seen` is the
 script's to check, if it writes elsewhere first: enqueue.lua).
-Only the layers in use are parsed. A layer's count that is no number is repaired
-(lib/numbers.lua) to the layer's capacity: the layer is taken as full, so the filter
-grows now, never as empty (an overfull layer would take new fingerprints for seen
-ones). Fields:
+Only the layers in use, and the next one planned (a script may grow into it), are
+parsed. A layer's count that is no number is repaired (lib/numbers.lua) to the
+layer's capacity: the layer is taken as full, so the filter grows now, never as
+empty (an overfull layer would take new fingerprints for seen ones). Fields:
   mode        "set" (or no HASH at all) | "migrating" | "bloom"
   impl        "bitmap" | "redisbloom"                (not in mode "set")
   block_bytes bitmap: bytes per block (all of a fingerprint's bits are in one)
