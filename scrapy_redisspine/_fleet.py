@@ -204,6 +204,7 @@ class FleetMember:
         handles = self._book.drop_ready()
         if handles:
             try:
-                self._frontier.release(handles)
+                released = self._frontier.release(handles)
+                self._guard.repaired("release", released.repairs)
             except CALL_ERRORS as exc:
                 self._guard.failed("release", exc)

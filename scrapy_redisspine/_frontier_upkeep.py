@@ -11,6 +11,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from scrapy_redisspine._results import (
+    Count,
+    SweepResult,
+    UnindexedResult,
+    count_result,
+    fields,
+    number,
+    repairs_of,
+    text,
+)
 from scrapy_redisspine.control import record_progress
 from scrapy_redisspine.members import split_member
 from scrapy_redisspine.scripts import ScriptSet
@@ -54,13 +64,6 @@ class CorruptKeyError(RuntimeError):
 
 
 @dataclass(frozen=True)
-class SweepResult:
-    requeued: int
-    dead_lettered: int
-    workers_removed: int
-
-
-@dataclass(frozen=True)
 class DeadLetter:
     field: str
     reason: str
@@ -92,6 +95,7 @@ class FrontierUpkeep:
         self.worker_id = worker_id
         self.concurrency = concurrency
         self._scripts = scripts if scripts is not None else ScriptSet(client, keys)
+        self.epoch = ""  # the crawl's identity, when a registered worker holds this
 
     def check_key_types(self) -> None:
         """Fail early, naming the key, if a crawl key holds the wrong type."""
@@ -125,12 +129,38 @@ class FrontierUpkeep:
         and at least its robots.txt Crawl-delay: the dead worker may have been
         fetching from it.
         """
-        args: list[str | int] = [timeout_ms, ceiling_ms, max_requeues, limit, self.concurrency,
-                                 rest_ms]
-        for lane, rest in (lane_rests or {}).items():
-            args += [lane, rest]
-        requeued, dead, removed = self._scripts.run("requeue_stale", args)
-        return SweepResult(int(requeued), int(dead), int(removed))
+        args: list[str | int] = [self.epoch, timeout_ms, ceiling_ms, max_requeues, limit,
+                                 self.concurrency,
+                                 rest_ms, *_pairs(lane_rests)]
+        requeued, dead, removed, repairs = fields(self._scripts.run("requeue_stale", args), 4)
+        return SweepResult(number(requeued), number(dead), number(removed), repairs_of(repairs))
+
+    def repair_unindexed(
+        self,
+        cursor: str = "0",
+        limit: int = 100,
+        *,
+        timeout_ms: int,
+        max_requeues: int,
+        rest_ms: int = 0,
+        lane_rests: Mapping[str, int] | None = None,
+    ) -> UnindexedResult:
+        """One bounded step over in-flight entries and their indexes (any worker).
+
+        An in-flight entry without its index entries (no sweep would ever find it) is
+        indexed again if its owner heartbeats within ``timeout_ms``, else requeued as
+        :meth:`requeue_stale` would (same ``max_requeues``, ``rest_ms``,
+        ``lane_rests``); an index entry pointing to no lease is removed. Start with
+        cursor "0" and pass each result's ``cursor`` to the next call; a pass is done
+        when it comes back "0". ``limit`` is the COUNT of the step's HSCAN/ZSCAN.
+        """
+        args: list[str | int] = [self.epoch, cursor, limit, timeout_ms, max_requeues,
+                                 self.concurrency,
+                                 rest_ms, *_pairs(lane_rests)]
+        reply = self._scripts.run("repair_unindexed", args)
+        next_cursor, requeued, dead, reindexed, removed, repairs = fields(reply, 6)
+        return UnindexedResult(text(next_cursor) or "0", number(requeued), number(dead),
+                               number(reindexed), number(removed), repairs_of(repairs))
 
     def dead_letters(self, limit: int = 100) -> list[DeadLetter]:
         """Up to ``limit`` dead letters (HSCAN: never blocks Redis on a big crawl)."""
@@ -148,12 +178,14 @@ class FrontierUpkeep:
                 break
         return letters
 
-    def reinject_dead(self, fields: Iterable[str]) -> int:
-        """Put dead letters back in the queue with a fresh requeue budget."""
-        fields = list(fields)
-        if not fields:
-            return 0
-        return int(self._scripts.run("reinject_dead", [self.concurrency, *fields]))
+    def reinject_dead(self, names: Iterable[str]) -> Count:
+        """Put dead letters back in the queue with a fresh requeue budget: how many."""
+        names = list(names)
+        if not names:
+            return Count(0)
+        return count_result(
+            self._scripts.run("reinject_dead", [self.epoch, self.concurrency, *names])
+        )
 
     def counts(self) -> tuple[int, int]:
         """(queued, in flight) fleet-wide, in one round trip."""
@@ -169,15 +201,17 @@ class FrontierUpkeep:
         return self.read_fleet_stats()[0]
 
     def read_fleet_stats(self) -> tuple[dict[str, int], list[str]]:
-        """(the counters, the names of fields that hold no integer and were skipped)."""
+        """(the counters, the names of fields that hold no integer and were skipped:
+        the next script to count one repairs it)."""
         raw: dict[bytes, bytes] = self.client.hgetall(self.keys.stats)  # type: ignore[assignment]
         counters: dict[str, int] = {}
         bad: list[str] = []
         for name, value in raw.items():
-            try:
-                counters[name.decode()] = int(value)
-            except (ValueError, UnicodeDecodeError):
-                bad.append(name.decode(errors="replace"))
+            counter = number(value, -1)
+            if counter >= 0:
+                counters[text(name)] = counter
+            else:
+                bad.append(text(name))
         return counters, bad
 
     def workers_alive(self, timeout_ms: int) -> int:
@@ -193,7 +227,8 @@ class FrontierUpkeep:
 
     def record_progress(self, worker_acks: int, fleet_acks: int) -> None:
         """Add a rate sample (this worker's and the fleet's acks) to ``progress``."""
-        record_progress(self.client, self.keys, self.worker_id, worker_acks, fleet_acks)
+        record_progress(self.client, self.keys, self.worker_id, worker_acks, fleet_acks,
+                        epoch=self.epoch)
 
     def purge(self) -> int:
         """Delete every key of the crawl, whatever it holds, leaving a tombstone in
@@ -213,3 +248,11 @@ class FrontierUpkeep:
         if purged == 2:  # a separate command: the registry lies outside the crawl's slot
             self.client.srem(self.keys.crawls, self.keys.crawl_id)
         return purged == 2
+
+
+def _pairs(lane_rests: Mapping[str, int] | None) -> list[str | int]:
+    """ARGV pairs lane, rest (ms) of the lanes with a delay of their own."""
+    pairs: list[str | int] = []
+    for lane, rest in (lane_rests or {}).items():
+        pairs += [lane, rest]
+    return pairs

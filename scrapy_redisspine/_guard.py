@@ -30,7 +30,7 @@ import redis
 from scrapy_redisspine.health import RedisHealth
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
 
     from scrapy.statscollectors import StatsCollector
 
@@ -47,6 +47,8 @@ _OUTAGE_REPLIES = ("BUSY", "LOADING", "MASTERDOWN", "READONLY", "TRYAGAIN", "CLU
 _SCRIPT_ERROR_FIRST_DELAY = 0.1
 _SCRIPT_ERROR_MAX_DELAY = 5.0
 _SCRIPT_ERROR_LOG_SECONDS = 60.0
+#: Repair lines logged per minute at most (the rest are counted, and summed up).
+_REPAIR_LINES_PER_MINUTE = 20
 
 
 #: What a call to Redis may raise: Redis's errors, and a reply that does not parse
@@ -54,6 +56,16 @@ _SCRIPT_ERROR_LOG_SECONDS = 60.0
 CALL_ERRORS: tuple[type[Exception], ...] = (
     redis.RedisError, ValueError, TypeError, IndexError, KeyError, UnicodeDecodeError,
 )
+
+
+def crawl_gone_status(exc: Exception) -> str | None:
+    """``lost``, ``purged`` or ``changed`` when a script refused to write because the
+    crawl is not the caller's (``LOST <status>``, lib/crawl.lua), else None."""
+    if isinstance(exc, redis.exceptions.ResponseError):
+        code, _, status = str(exc).partition(" ")
+        if code == "LOST" and status in ("lost", "purged", "changed"):
+            return status
+    return None
 
 
 def is_script_error(exc: Exception) -> bool:
@@ -78,11 +90,16 @@ class RedisGuard:
         self._clock = clock
         # operation -> (current delay, retry at, last logged)
         self._refused: dict[str, tuple[float, float, float]] = {}
+        self._repair_window = (float("-inf"), 0, 0)  # (start, lines logged, held back)
         self.health = RedisHealth(
             on_error=lambda op: stats.inc_value(f"redisspine/redis_errors/{op}"), clock=clock
         )
         self.memory_pressure = False
         self.reconcile_needed = False
+        #: Set once a script refused to write because the crawl in Redis is not this
+        #: worker's any more (lost, purged, started afresh): nothing may write again.
+        self.crawl_gone: str | None = None
+        self.on_crawl_gone: Callable[[str], None] | None = None
 
     # -- the breaker ---------------------------------------------------------------
 
@@ -118,7 +135,10 @@ class RedisGuard:
             self.memory_pressure = True  # the memory watch clears it below LOW_WATER
             return
         self.reconcile_needed = True
-        if is_script_error(exc):
+        gone = crawl_gone_status(exc)
+        if gone is not None:
+            self._gone(gone)
+        elif is_script_error(exc):
             self._script_failed(operation, exc)
         else:
             self.health.failed(operation, exc)
@@ -136,6 +156,34 @@ class RedisGuard:
             )
         self._refused[operation] = (delay, now + delay, logged)
         self._stats.inc_value(f"redisspine/script_errors/{operation}")
+
+    def _gone(self, status: str) -> None:
+        if self.crawl_gone is None:
+            self.crawl_gone = status
+            if self.on_crawl_gone is not None:
+                self.on_crawl_gone(status)
+
+    def repaired(self, operation: str, repairs: Sequence[str]) -> None:
+        """A script repaired malformed values it met (``scripts/lib/numbers.lua``):
+        one WARNING each (at most 20 a minute; the rest counted and summed up), and
+        ``redisspine/repaired``."""
+        if not repairs:
+            return
+        self._stats.inc_value("redisspine/repaired", len(repairs))
+        start, logged, held = self._repair_window
+        now = self._clock()
+        if now - start >= 60.0:
+            if held:
+                logger.warning("redisspine: %d more repair(s) of malformed values in the "
+                               "last minute (see redisspine/repaired)", held)
+            start, logged, held = now, 0, 0
+        for repair in repairs:
+            if logged < _REPAIR_LINES_PER_MINUTE:
+                logged += 1
+                logger.warning("redisspine: %s repaired a malformed value: %s", operation, repair)
+            else:
+                held += 1
+        self._repair_window = (start, logged, held)
 
     def reconciled(self) -> None:
         self.reconcile_needed = False

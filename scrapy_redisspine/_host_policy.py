@@ -84,7 +84,7 @@ class HostPolicy:
         logger.info(
             "redisspine: %s asks for Crawl-delay %.1f s (kept: %.1f s)", lane, seconds, kept
         )
-        if self._guard.available():
+        if self._guard.available() and not self._guard.crawl_gone:
             try:
                 self._frontier.set_crawl_delay(lane, kept)
             except CALL_ERRORS as exc:

@@ -129,6 +129,7 @@ class Leaser:
             self._counted(batch.queued, batch.inflight)
             self.wake_when_due(batch.wait_ms)
             self._report_malformed(batch.malformed)
+            self._guard.repaired("lease", batch.repairs)
             if not batch.leases and not batch.malformed:
                 self._last_empty_lease = now
                 return False
@@ -168,6 +169,7 @@ class Leaser:
         known = self._book.known_keys() + self._outbox.ack_keys()
         released = self._frontier.release_orphans(known)
         self._guard.reconciled()
+        self._guard.repaired("release_orphans", released.repairs)
         if released:
             logger.warning(
                 "redisspine: returned %d lease(s) this worker did not hold (a lease reply "
@@ -194,7 +196,8 @@ class Leaser:
             logger.error("redisspine: lease %s moved to dead letters: %s", handle[0], reason)
             self._stats.inc_value("redisspine/scheduler/undecodable")
             try:
-                self._frontier.bury(handle, reason)
+                buried = self._frontier.bury(handle, reason)
+                self._guard.repaired("bury", buried.repairs)
             except CALL_ERRORS as exc:  # the lease stays in flight: a sweep returns it
                 self._guard.failed("bury", exc)
             return

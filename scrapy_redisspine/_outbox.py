@@ -44,6 +44,8 @@ class Enqueuer(Protocol):
         self, requests: Sequence[NewRequest], acks: Sequence[Ack | LeaseHandle] = ()
     ) -> EnqueueResult: ...
 
+    def injected_starts(self, fingerprints: Sequence[bytes]) -> list[bool]: ...
+
 
 @dataclass(frozen=True)
 class Sending:
@@ -174,6 +176,7 @@ class Outbox:
         self._requests = self._requests[len(sending.requests):]  # new lists
         self._acks = self._acks[len(sending.acks):]
         self._record(sending, result)
+        self._guard.repaired("enqueue", result.repairs)
         self._on_sent(result)
 
     def send_failed(self, exc: Exception) -> None:
@@ -202,7 +205,10 @@ class Outbox:
             )
 
     def _shed_buffered(self) -> None:
-        """Redis refused writes (OOM): keep work in progress, drop new discoveries."""
+        """Redis refused writes (OOM): keep work in progress, drop new discoveries,
+        and start requests another worker already injected (a read still works on a
+        full Redis; without it a worker that joined late would wait for room for
+        requests the crawl has had all along)."""
         kept: list[tuple[NewRequest, Request]] = []
         for entry, request in self._requests:
             if entry.is_start or request.dont_filter:
@@ -210,6 +216,16 @@ class Outbox:
             else:
                 self.shed(request)
         self._requests = kept
+        starts = [entry.fingerprint for entry, _ in kept if entry.is_start]
+        try:
+            injected = iter(self._frontier.injected_starts(starts) if starts else [])
+        except CALL_ERRORS:
+            return  # kept: sent when Redis has room
+        self._requests = [(entry, request) for entry, request in kept
+                          if not (entry.is_start and next(injected, False))]
+        skipped = len(kept) - len(self._requests)
+        if skipped:
+            self._stats.inc_value("redisspine/scheduler/start_requests_skipped", skipped)
 
     # -- bookkeeping -----------------------------------------------------------------------
 

@@ -75,9 +75,10 @@ class StatsPusher:
 
     def __init__(
         self, client: redis.Redis, keys: CrawlKeys,
-        on_skip: Callable[[str], None] | None = None,
+        on_skip: Callable[[str], None] | None = None, epoch: str = "",
     ) -> None:
         self.keys = keys
+        self.epoch = epoch
         self._scripts = ScriptSet(client, keys)
         self._on_skip = on_skip
         self._pushed: dict[str, float] = {}
@@ -97,7 +98,8 @@ class StatsPusher:
         args: list[str] = []
         for name, delta in deltas.items():
             args += [name, str(delta) if isinstance(delta, int) else repr(float(delta))]
-        skipped = {_text(name) for name in self._scripts.run("add_fleet_stats", args)}
+        skipped = {_text(name) for name in
+                   self._scripts.run("add_fleet_stats", [self.epoch, *args])}
         for name, delta in deltas.items():
             if name not in skipped:
                 self._pushed[name] = self._pushed.get(name, 0) + delta
@@ -117,12 +119,11 @@ def _text(value: bytes | str) -> str:
 
 
 def record_progress(
-    client: redis.Redis, keys: CrawlKeys, worker_id: str, worker_acks: int, fleet_acks: int
+    client: redis.Redis, keys: CrawlKeys, worker_id: str, worker_acks: int, fleet_acks: int,
+    *, epoch: str = "",
 ) -> None:
-    """Add a rate sample at Redis time and forget samples past the window."""
-    seconds, micros = client.time()
-    now_ms = seconds * 1000 + micros // 1000
-    pipe = client.pipeline(transaction=False)
-    pipe.zadd(keys.progress, {f"{now_ms}:{worker_id}:{worker_acks}:{fleet_acks}": now_ms})
-    pipe.zremrangebyscore(keys.progress, "-inf", now_ms - PROGRESS_WINDOW_MS)
-    pipe.execute()
+    """Add a rate sample at Redis time and forget samples past the window (not into a
+    crawl that is not the caller's: ``epoch``, see ``scripts/lib/crawl.lua``)."""
+    ScriptSet(client, keys).run(
+        "record_progress", [epoch, worker_id, worker_acks, fleet_acks, PROGRESS_WINDOW_MS]
+    )

@@ -19,10 +19,12 @@ is in the SET or in the filter at every moment, so it is never taken for new aga
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from scrapy_redisspine._results import fields, number, repairs_of
 from scrapy_redisspine.bloom import (
     BLOCK_BYTES,
     TIGHTENING,
@@ -40,6 +42,8 @@ if TYPE_CHECKING:
 
     from scrapy_redisspine.keys import CrawlKeys
     from scrapy_redisspine.settings import SpineConfig
+
+logger = logging.getLogger("scrapy_redisspine.dedup")
 
 MODE_SET, MODE_MIGRATING, MODE_BLOOM = "set", "migrating", "bloom"
 #: Bytes the SET keeps of a 20-byte fingerprint (``lib/dedup.lua`` explains why).
@@ -195,11 +199,14 @@ class Dedup:
                 raise ValueError(f"block size {meta.get('block_bytes')!r}")
             layers = tuple(BloomLayer.decode(meta.get(f"layer:{i}") or "")
                            for i in range(1, planned + 1))
-            counts = tuple(int(meta.get(f"count:{i}") or 0) for i in range(1, active + 1))
         except ValueError as exc:
             raise self._corrupt(k.dedup, f"has bad Bloom filter parameters ({exc})") from None
         if not 1 <= active <= planned:
             raise self._corrupt(k.dedup, f"has a bad layer count {active}/{planned}")
+        # A count that is no number: the layer is taken as full, as lib/dedup.lua
+        # repairs it (never as empty: an overfull layer takes new for seen).
+        counts = tuple(number(meta.get(f"count:{i}") or 0, layers[i - 1].capacity)
+                       for i in range(1, active + 1))
         needed = layers[active - 1].end
         length = int(self.client.strlen(k.bloom)) if bloom_type == b"string" else 0  # type: ignore[arg-type]
         if bloom_type != b"string" or length < needed:
@@ -226,8 +233,9 @@ class Dedup:
         """Record fingerprints in one round trip; True for each one that was new."""
         if not fingerprints:
             return []
-        statuses = self._scripts.run("seen", list(fingerprints))
-        return [status == ord("1") for status in bytes(statuses)]
+        statuses, repairs = fields(self._scripts.run("seen", list(fingerprints)), 2)
+        _log_repairs(repairs)
+        return [status == ord("1") for status in bytes(statuses or b"")]
 
     # -- the switch --------------------------------------------------------------------
 
@@ -249,8 +257,10 @@ class Dedup:
 
     def migrate_chunk(self) -> tuple[str, int, int]:
         """Move one chunk of the SET into the filter: (mode now, moved, left in SET)."""
-        mode, moved, remaining = self._scripts.run("migrate_dedup", [self.params.chunk_size])
-        return _text(mode) or MODE_SET, int(moved), int(remaining)
+        reply = self._scripts.run("migrate_dedup", [self.params.chunk_size])
+        mode, moved, remaining, repairs = fields(reply, 4)
+        _log_repairs(repairs)
+        return _text(mode or b"") or MODE_SET, number(moved), number(remaining)
 
     def maintain(self, budget_seconds: float = 0.02) -> MaintenanceStep:
         """Switch if due, then migrate chunks for up to ``budget_seconds``."""
@@ -264,3 +274,10 @@ class Dedup:
                 break
         finished = mode == MODE_BLOOM and (moved > 0 or switched)
         return MaintenanceStep(mode, switched, moved, finished)
+
+
+def _log_repairs(repairs: object) -> None:
+    """Malformed values the dedup scripts repaired (a Bloom layer's count): few, each
+    repaired once, so each is logged."""
+    for repair in repairs_of(repairs):
+        logger.warning("redisspine: repaired a malformed value in Redis: %s", repair)

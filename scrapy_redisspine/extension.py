@@ -54,6 +54,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _SWEEP_LIMIT = 1000
+_UNINDEXED_STEP = 200  # in-flight entries looked at per sweep (HSCAN COUNT)
 
 
 class Recovery:
@@ -69,6 +70,7 @@ class Recovery:
         self._timer = Periodic("sweep", self.sweep, config.sweep_seconds, self.clock, stats)
         self._pusher: StatsPusher | None = None
         self._bad_counters: set[str] = set()
+        self._unindexed_cursor = "0"
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Recovery:
@@ -86,6 +88,7 @@ class Recovery:
         self._pusher = StatsPusher(
             worker.upkeep.client, worker.upkeep.keys,
             on_skip=lambda _: self.stats.inc_value("redisspine/fleet_stats/skipped"),
+            epoch=worker.upkeep.epoch,
         )
         self._timer.start()
 
@@ -99,21 +102,23 @@ class Recovery:
 
     def worker_closing(self, worker: signals.WorkerView) -> None:
         """Last push of this worker's stats while its connection is still open."""
-        self._push_stats(worker)
+        if not worker.guard.crawl_gone:
+            self._push_stats(worker)
 
     def sweep(self) -> None:
         """Recovery first: nothing else a sweep does (reading the fleet's counters,
         the memory watch, pushing stats) can hold it back, and each part fails on
         its own."""
         worker = self.worker
-        if worker is None:
-            return
+        if worker is None or worker.guard.crawl_gone:
+            return  # a crawl that is gone is not swept: any write would start it afresh
         # After an outage every heartbeat is old; give live workers one timeout to
         # beat again before taking anyone for dead.
         if worker.guard.available("sweep") and (
             worker.guard.healthy_for() >= self.config.worker_timeout_seconds
         ):
             self._guarded(worker, "sweep", self._sweep_leases)
+            self._guarded(worker, "unindexed", self._repair_unindexed)
         self._guarded(worker, "fleet_read", self._read_fleet)
         self._guarded(worker, "memory", self._watch_memory)
         self._push_stats(worker)
@@ -136,17 +141,25 @@ class Recovery:
         if pusher is not None:
             self._guarded(worker, "fleet_stats", lambda _: pusher.push(self.stats.get_stats()))
 
-    def _sweep_leases(self, worker: signals.WorkerView) -> None:
+    def _rests(self, worker: signals.WorkerView) -> dict[str, Any]:
+        """How long a requeued request's lane rests: the dead worker may have been
+        fetching from it."""
         delays = worker.hosts.delays
+        return {
+            "rest_ms": int(delays.default_seconds * 1000),
+            "lane_rests": {lane: int(seconds * 1000)
+                           for lane, seconds in delays.overrides.items()},
+        }
+
+    def _sweep_leases(self, worker: signals.WorkerView) -> None:
         result = worker.upkeep.requeue_stale(
             timeout_ms=self.config.worker_timeout_ms,
             ceiling_ms=self.config.lease_ceiling_ms,
             max_requeues=self.config.max_requeues,
             limit=_SWEEP_LIMIT,
-            # the dead worker may have been fetching: its lanes rest their delay
-            rest_ms=int(delays.default_seconds * 1000),
-            lane_rests={lane: int(seconds * 1000) for lane, seconds in delays.overrides.items()},
+            **self._rests(worker),
         )
+        worker.guard.repaired("sweep", result.repairs)
         if result.requeued or result.dead_lettered:
             self.stats.inc_value("redisspine/recovery/requeued", result.requeued)
             self.stats.inc_value("redisspine/recovery/dead_lettered", result.dead_lettered)
@@ -156,6 +169,27 @@ class Recovery:
                 result.requeued, result.workers_removed, result.dead_lettered,
             )
             worker.wake()
+
+    def _repair_unindexed(self, worker: signals.WorkerView) -> None:
+        """One bounded step through the in-flight entries that no index points to
+        (no sweep finds those; left alone, they keep the crawl from finishing)."""
+        result = worker.upkeep.repair_unindexed(
+            self._unindexed_cursor, _UNINDEXED_STEP, timeout_ms=self.config.worker_timeout_ms,
+            max_requeues=self.config.max_requeues, **self._rests(worker),
+        )
+        self._unindexed_cursor = result.cursor
+        worker.guard.repaired("unindexed", result.repairs)
+        fixed = result.requeued + result.dead_lettered + result.reindexed + result.removed
+        if fixed:
+            self.stats.inc_value("redisspine/recovery/unindexed", fixed)
+            logger.warning(
+                "redisspine: in-flight entries no index pointed to: %d requeued, %d "
+                "dead-lettered, %d indexed again (their worker is alive); %d stale index "
+                "entries removed", result.requeued, result.dead_lettered, result.reindexed,
+                result.removed,
+            )
+            if result.requeued:
+                worker.wake()
 
     def _read_fleet(self, worker: signals.WorkerView) -> None:
         counters, bad = worker.upkeep.read_fleet_stats()
@@ -212,7 +246,7 @@ class FleetLog:
 
     def log(self) -> None:
         worker = self.worker
-        if worker is None or not worker.guard.available():
+        if worker is None or worker.guard.crawl_gone or not worker.guard.available():
             return
         try:
             queued, inflight = worker.upkeep.counts()

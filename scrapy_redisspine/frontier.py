@@ -9,15 +9,17 @@ is done and its children are queued in the same step), ``release`` (back to the
 queue) or ``bury`` (dead letters).
 
 The upkeep operations (key checks, sweeps, dead letters, counters, purging) live in
-``_frontier_upkeep``, an object each ``Frontier`` holds as ``upkeep``; the queue
-member format in ``members``. Both are re-exported here.
+``_frontier_upkeep``, an object each ``Frontier`` holds as ``upkeep``; the results and
+how replies are read in ``_results`` (every result carries the ``repairs`` its script
+made of malformed values in Redis); the queue member format in ``members``. All are
+re-exported here.
 """
 
 from __future__ import annotations
 
 import contextlib
 import secrets
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import redis
@@ -27,8 +29,25 @@ from scrapy_redisspine._frontier_upkeep import (
     CorruptKeyError,
     DeadLetter,
     FrontierUpkeep,
-    SweepResult,
 )
+from scrapy_redisspine._results import (
+    Count,
+    EnqueueResult,
+    FleetCounts,
+    Heartbeat,
+    Lease,
+    LeaseBatch,
+    Registration,
+    Repairs,
+    SweepResult,
+    UnindexedResult,
+    count_result,
+    enqueue_result,
+    lease_batch,
+)
+from scrapy_redisspine._results import fleet_counts as read_fleet_counts
+from scrapy_redisspine._results import heartbeat as read_heartbeat
+from scrapy_redisspine._results import registration as read_registration
 from scrapy_redisspine.members import (
     ORDER_KEY_LENGTH,
     PRIORITY_KEY_LENGTH,
@@ -44,9 +63,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "EXPECTED_TYPES", "ORDER_KEY_LENGTH", "PRIORITY_KEY_LENGTH", "Ack", "CorruptKeyError",
-    "DeadLetter", "EnqueueResult", "FleetCounts", "Frontier", "Heartbeat", "Lease", "LeaseBatch",
-    "LeaseHandle", "NewRequest", "Registration", "SweepResult", "priority_key",
-    "split_member",
+    "Count", "DeadLetter", "EnqueueResult", "FleetCounts", "Frontier", "Heartbeat", "Lease",
+    "LeaseBatch", "LeaseHandle", "NewRequest", "Registration", "Repairs", "SweepResult",
+    "UnindexedResult", "priority_key", "split_member",
 ]
 
 
@@ -72,150 +91,14 @@ class NewRequest:
         return flags or "-"
 
 
-@dataclass(frozen=True)
-class Lease:
-    """A request leased to this worker.
-
-    ``key`` identifies it in in-flight; ``token`` fences it (acks and releases must
-    present it); ``requeues`` counts how often it came back from a dead worker;
-    ``crawl_delay`` is its lane's robots.txt Crawl-delay if any worker learned one.
-    """
-
-    key: str
-    token: str
-    payload: bytes
-    requeues: int = 0
-    lane: str = ""
-    crawl_delay: float | None = None
-
-    @property
-    def handle(self) -> LeaseHandle:
-        return (self.key, self.token)
-
-
 #: (order key, fencing token): what a release must present.
 LeaseHandle = tuple[str, str]
 #: (order key, fencing token, rest of its lane in ms): what an ack presents.
 Ack = tuple[str, str, int]
 
 
-@dataclass(frozen=True)
-class Registration:
-    """What ``register`` learned of the crawl (see ``scripts/register.lua``).
-
-    ``status``: ``created``, ``joined``, ``finished`` (the crawl finished at
-    ``finished_ms`` with ``acked`` requests done; nothing is queued) or ``conflict``
-    (the crawl belongs to ``spider``, another spider: nothing was written).
-    """
-
-    flushed: bool
-    alive: int
-    status: str
-    epoch: str
-    spider: str = ""
-    finished_ms: int = 0
-    acked: int = 0
-
-    @classmethod
-    def from_reply(cls, reply: Any) -> Registration:
-        flushed, alive, status, epoch, detail = reply
-        status, detail = _text(status), _text(detail)
-        registration = cls(bool(flushed), int(alive), status, _text(epoch))
-        if status == "conflict":
-            return replace(registration, spider=detail)
-        if status == "finished":
-            finished_ms, _, acked = detail.partition(" ")
-            return replace(registration, finished_ms=_int(finished_ms), acked=_int(acked))
-        return registration
-
-
-@dataclass(frozen=True)
-class Heartbeat:
-    """A heartbeat's answer (``scripts/heartbeat.lua``): ``status`` is ``ok``,
-    ``swept`` (a sweep took this worker for dead), ``lost``, ``purged`` or ``changed``
-    (the crawl's state is gone); ``late_ms``: since the previous heartbeat;
-    ``queued``: requests queued fleet-wide."""
-
-    status: str
-    late_ms: int = 0
-    queued: int = 0  # requests queued fleet-wide
-
-    @property
-    def crawl_gone(self) -> bool:
-        return self.status in ("lost", "purged", "changed")
-
-
-@dataclass(frozen=True)
-class FleetCounts:
-    """``scripts/fleet_counts.lua``: the crawl's status (as ``Heartbeat.status``),
-    requests queued and in flight, live workers still producing start requests, and
-    whether any request was ever queued."""
-
-    status: str
-    queued: int
-    inflight: int
-    starting: int
-    ever: bool
-
-    @property
-    def pending(self) -> bool:
-        """Is there, or may there still be, work for the fleet?"""
-        return bool(self.queued or self.inflight or self.starting or not self.ever)
-
-
-def _text(value: Any) -> str:
-    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
-
-
-def _int(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        return 0
-
-
-@dataclass(frozen=True)
-class LeaseBatch:
-    leases: list[Lease]
-    queued: int
-    inflight: int
-    malformed: int = 0  # queue members not written by enqueue, moved to dead letters
-    wait_ms: int = -1  # until the next lane is due (-1: none scheduled)
-
-
-@dataclass(frozen=True)
-class EnqueueResult:
-    """Per request: ``+`` enqueued, ``d`` duplicate, ``s`` start already injected,
-    ``c`` dropped because its lane's backlog is at the cap."""
-
-    statuses: str
-    acked: int
-
-    @property
-    def enqueued(self) -> int:
-        return self.statuses.count("+")
-
-
 #: (script name, keys, args) of one script call.
 _Call = tuple[str, "Sequence[str]", list[bytes | str | int]]
-
-
-def _enqueue_result(reply: Any) -> EnqueueResult:
-    statuses, acked = reply
-    if isinstance(statuses, bytes):
-        statuses = statuses.decode()
-    return EnqueueResult(statuses, int(acked))
-
-
-def _lease_batch(reply: Any) -> LeaseBatch:
-    members, token, requeued, delays, queued, inflight, malformed, wait_ms = reply
-    token = str(int(token))
-    leases = []
-    for member, times, delay in zip(members, requeued, delays, strict=True):
-        lane, key, payload = split_member(member)
-        leases.append(Lease(key, token, payload, int(times), lane,
-                            float(delay) if delay else None))
-    return LeaseBatch(leases, int(queued), int(inflight), int(malformed), int(wait_ms))
 
 
 class Frontier:
@@ -243,7 +126,9 @@ class Frontier:
         self.order = order
         self.concurrency = concurrency
         self.backlog_cap = backlog_cap
-        self.epoch = ""  # the crawl's identity, learned at register()
+        # The crawl's identity, learned at register(): every write script is refused
+        # (LOST) once the crawl in Redis is not this one. "" (tools, tests): no check.
+        self.epoch = ""
         # Every script's KEYS, built once from its header (scripts/__init__.py).
         self._scripts = ScriptSet(client, keys)
         self.upkeep = FrontierUpkeep(
@@ -264,10 +149,10 @@ class Frontier:
             [self.worker_id, "1" if flush else "0", alive_ms, spider, secrets.token_hex(8)],
             others,
         )
-        registration = Registration.from_reply(reply)
+        registration = read_registration(reply)
         if registration.status == "conflict":
             return registration
-        self.epoch = registration.epoch
+        self.epoch = self.upkeep.epoch = registration.epoch
         # SADD is idempotent: no membership check first. A full Redis refuses it; the
         # registry of crawl ids can wait.
         with contextlib.suppress(redis.exceptions.OutOfMemoryError):
@@ -277,10 +162,9 @@ class Frontier:
     def heartbeat(self, starting: bool = False) -> Heartbeat:
         """Stamp this worker alive (and still producing start requests, if
         ``starting``), and check that its crawl is still in Redis."""
-        status, late_ms, queued = self._scripts.run(
+        return read_heartbeat(self._scripts.run(
             "heartbeat", [self.worker_id, self.epoch, "1" if starting else "0"]
-        )
-        return Heartbeat(_text(status), int(late_ms), int(queued))
+        ))
 
     def done_starting(self) -> None:
         """This worker's start requests are all in: it no longer holds the fleet open."""
@@ -288,11 +172,7 @@ class Frontier:
 
     def fleet_counts(self, alive_ms: int) -> FleetCounts:
         """Everything that decides whether the crawl is finished, read atomically."""
-        status, queued, inflight, starting, ever = self._scripts.run(
-            "fleet_counts", [self.epoch, alive_ms]
-        )
-        return FleetCounts(_text(status), int(queued), int(inflight), int(starting),
-                           bool(ever))
+        return read_fleet_counts(self._scripts.run("fleet_counts", [self.epoch, alive_ms]))
 
     def mark_finished(self) -> bool:
         """Note in the crawl record that the crawl finished (if nothing is left)."""
@@ -310,13 +190,14 @@ class Frontier:
         plus the lane's delay, or a Retry-After block.
         """
         keys, args = self._enqueue_call(requests, acks)
-        return _enqueue_result(self._scripts["enqueue"](keys=keys, args=args))
+        return enqueue_result(self._scripts["enqueue"](keys=keys, args=args))
 
     def _enqueue_call(
         self, requests: Sequence[NewRequest], acks: Sequence[Ack | LeaseHandle]
     ) -> tuple[Sequence[str], list[bytes | str | int]]:
         args: list[bytes | str | int] = [
-            self.order, self.worker_id, len(acks), self.concurrency, self.backlog_cap,
+            self.epoch, self.order, self.worker_id, len(acks), self.concurrency,
+            self.backlog_cap,
         ]
         for ack in acks:
             args += [ack[0], ack[1], ack[2] if len(ack) > 2 else 0]  # type: ignore[misc]
@@ -334,10 +215,10 @@ class Frontier:
     def lease(self, count: int) -> LeaseBatch:
         """Lease up to ``count`` requests, at most one per due lane."""
         keys, args = self._lease_call(count)
-        return _lease_batch(self._scripts["lease"](keys=keys, args=args))
+        return lease_batch(self._scripts["lease"](keys=keys, args=args))
 
     def _lease_call(self, count: int) -> tuple[Sequence[str], list[bytes | str | int]]:
-        return self._scripts.keys("lease"), [self.worker_id, count, self.concurrency]
+        return self._scripts.keys("lease"), [self.epoch, self.worker_id, count, self.concurrency]
 
     def enqueue_and_lease(
         self, requests: Sequence[NewRequest], acks: Sequence[Ack | LeaseHandle], count: int
@@ -358,8 +239,8 @@ class Frontier:
         if isinstance(leased, redis.RedisError):
             raise leased
         return (
-            sent if isinstance(sent, redis.RedisError) else _enqueue_result(sent),
-            _lease_batch(leased),
+            sent if isinstance(sent, redis.RedisError) else enqueue_result(sent),
+            lease_batch(leased),
         )
 
     def _pipelined(self, calls: Sequence[_Call]) -> list[Any]:
@@ -383,27 +264,36 @@ class Frontier:
                     replies[i] = exc
         return replies
 
-    def release(self, handles: Iterable[LeaseHandle]) -> int:
-        """Put this worker's leases back in the queue, as they were."""
-        args: list[str | int] = [self.worker_id, self.concurrency]
+    def release(self, handles: Iterable[LeaseHandle]) -> Count:
+        """Put this worker's leases back in the queue, as they were: how many."""
+        args: list[str | int] = [self.epoch, self.worker_id, self.concurrency]
         for key, token in handles:
             args += [key, token]
-        if len(args) == 2:
-            return 0
-        return int(self._scripts.run("release", args))
+        if len(args) == 3:
+            return Count(0)
+        return count_result(self._scripts.run("release", args))
 
-    def release_orphans(self, known_keys: Iterable[str], limit: int = 10_000) -> int:
+    def release_orphans(self, known_keys: Iterable[str], limit: int = 10_000) -> Count:
         """Return leases recorded for this worker that it never received (lost reply)."""
-        return int(self._scripts.run(
-            "release_orphans", [self.worker_id, limit, self.concurrency, *known_keys]
+        return count_result(self._scripts.run(
+            "release_orphans", [self.epoch, self.worker_id, limit, self.concurrency, *known_keys]
         ))
 
-    def bury(self, handle: LeaseHandle, reason: str) -> bool:
-        """Move a lease that can never be processed to the dead letters."""
+    def bury(self, handle: LeaseHandle, reason: str) -> Count:
+        """Move a lease that can never be processed to the dead letters: 1 if it was
+        this worker's, else 0."""
         key, token = handle
-        return bool(
-            self._scripts.run("bury", [self.worker_id, key, token, reason, self.concurrency])
+        return count_result(
+            self._scripts.run(
+                "bury", [self.epoch, self.worker_id, key, token, reason, self.concurrency]
+            )
         )
+
+    def injected_starts(self, fingerprints: Sequence[bytes]) -> list[bool]:
+        """Which of these start requests entered the crawl already (a read: works on
+        a full Redis)."""
+        found = self.client.smismember(self.keys.starts, list(fingerprints))
+        return [bool(flag) for flag in found]  # type: ignore[union-attr]
 
     def set_crawl_delay(self, lane: str, seconds: float) -> None:
         """Share a lane's robots.txt Crawl-delay with the fleet."""

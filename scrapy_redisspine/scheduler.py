@@ -58,7 +58,13 @@ from scrapy_redisspine._outbox import Outbox
 from scrapy_redisspine._settings_compat import notices
 from scrapy_redisspine.dedup import DedupConfigError
 from scrapy_redisspine.dupefilter import RedisDupeFilter, fleet_dupefilter
-from scrapy_redisspine.frontier import CorruptKeyError, EnqueueResult, Frontier, NewRequest
+from scrapy_redisspine.frontier import (
+    CorruptKeyError,
+    EnqueueResult,
+    Frontier,
+    Heartbeat,
+    NewRequest,
+)
 from scrapy_redisspine.request_codec import RequestCodec, RequestEncodeError
 from scrapy_redisspine.serialization import get_serializer
 from scrapy_redisspine.settings import ConfigError, SpineConfig, known_names, load_config
@@ -69,7 +75,6 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
     from scrapy.statscollectors import StatsCollector
 
-    from scrapy_redisspine.frontier import Heartbeat
 
 logger = logging.getLogger(__name__)
 
@@ -127,8 +132,11 @@ class Scheduler(BaseScheduler):
         self._refused_at_open: JoinRefused | None = None
 
     @classmethod
-    def from_crawler(cls, crawler: Crawler, engine: EnginePort | None = None) -> Scheduler:
-        """Scrapy's way in; ``engine`` replaces the crawler's engine (benchmarks).
+    def from_crawler(
+        cls, crawler: Crawler, engine: EnginePort | None = None, clock: Clock | None = None
+    ) -> Scheduler:
+        """Scrapy's way in; ``engine`` and ``clock`` replace the crawler's engine and
+        the reactor (benchmarks, tests).
 
         A bad setting is not raised here (Scrapy would print tracebacks): the worker
         refuses to start with one line naming it (see :meth:`open`)."""
@@ -140,10 +148,11 @@ class Scheduler(BaseScheduler):
             dupefilter = fleet_dupefilter(crawler)
         except ConfigError as exc:
             scheduler = cls(load_config({}), BaseDupeFilter(), crawler.stats,
-                            crawler=crawler, engine=engine)
+                            crawler=crawler, engine=engine, clock=clock)
             scheduler._refused_at_open = JoinRefused(REASON_CONFIG, str(exc))
             return scheduler
-        return cls(config, dupefilter, crawler.stats, crawler=crawler, engine=engine)
+        return cls(config, dupefilter, crawler.stats, crawler=crawler, engine=engine,
+                   clock=clock)
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -200,6 +209,7 @@ class Scheduler(BaseScheduler):
             batch_size=config.lease_batch_size, idle_poll_seconds=config.idle_poll_seconds,
             counted=self.fleet.counted, crawl_delay_learned=self.hosts.learned_from_lease,
         )
+        self.guard.on_crawl_gone = lambda status: self._crawl_gone(Heartbeat(status))
         self.view = signals.WorkerView(
             self.worker_id, self.frontier.upkeep, self.guard, self.hosts, self.wake
         )
@@ -221,14 +231,19 @@ class Scheduler(BaseScheduler):
         self._refuse(reason, message)
 
     def _close_refused(self) -> None:
+        """Ask the engine to close, once, from the reactor's next turn: asked from
+        inside an engine call, the engine could close this scheduler in the middle."""
         if not self._refused_closing and self.engine is not None:
             self._refused_closing = True
             assert self._refused is not None
-            self.engine.close_spider(self._refused)
+            self.clock.callLater(0, self.engine.close_spider, self._refused)
 
     def _crawl_gone(self, heartbeat: Heartbeat) -> None:
         """The crawl this worker joined is not in Redis any more: nothing it holds can
         be handed back, and "finished" would be a lie."""
+        if self._refused is not None:
+            return  # said once: by a script's refusal, a heartbeat or a count
+        self.fleet.gone = True
         what = _GONE.get(heartbeat.status, _GONE["lost"])
         reason = REASON_PURGED if heartbeat.status == "purged" else REASON_LOST
         message = (
@@ -293,6 +308,7 @@ class Scheduler(BaseScheduler):
         handles = self.book.take_all()
         if handles:
             released = self.frontier.release(handles)
+            self.guard.repaired("release", released.repairs)
             self.stats.inc_value("redisspine/scheduler/released", released)
             logger.info("redisspine: returned %d unstarted lease(s) to the queue", released)
 

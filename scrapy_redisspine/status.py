@@ -10,6 +10,7 @@ busy, hosts, host_next, host_delay, seen, dedup, bloom, control.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -31,10 +32,17 @@ def _text(value: bytes | str) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else value
 
 
-def _number(value: bytes | str | None) -> int | float:
+def _number(value: bytes | str | float | None) -> int | float:
+    """A number read from Redis; 0 for none, or for a value that is no number (the
+    scripts repair those: status only shows what is there)."""
     if value is None:
         return 0
-    number = float(value)
+    try:
+        number = float(value)
+    except ValueError:
+        return 0
+    if not math.isfinite(number):
+        return 0
     return int(number) if number.is_integer() else number
 
 
@@ -102,7 +110,7 @@ def _rates(samples: list[Sample], now_ms: int, acked: int) -> tuple[float | None
 
 def _hosts(client: redis.Redis, keys: CrawlKeys, top: int, now_ms: int) -> list[dict[str, Any]]:
     backlog = _scan_hash(client, keys.backlog, _BACKLOG_SCAN_FIELDS)
-    lanes = sorted(backlog, key=lambda lane: -int(backlog[lane]))[:top]
+    lanes = sorted(backlog, key=lambda lane: -_number(backlog[lane]))[:top]
     if not lanes:
         return []
     pipe = client.pipeline(transaction=False)
@@ -113,13 +121,13 @@ def _hosts(client: redis.Redis, keys: CrawlKeys, top: int, now_ms: int) -> list[
     busy, due, rest, delay = pipe.execute()
     rows = []
     for i, lane in enumerate(lanes):
-        next_ms = max(float(due[i] or 0), float(rest[i] or 0))
+        next_ms = max(_number(due[i]), _number(rest[i]))
         rows.append({
             "lane": lane,
-            "backlog": int(backlog[lane]),
-            "busy": int(busy[i] or 0),
+            "backlog": int(_number(backlog[lane])),
+            "busy": int(_number(busy[i])),
             "next_due_in_seconds": round(max(0.0, next_ms - now_ms) / 1000, 1),
-            "crawl_delay_seconds": float(delay[i]) if delay[i] is not None else None,
+            "crawl_delay_seconds": float(_number(delay[i])) if delay[i] is not None else None,
         })
     return rows
 

@@ -59,6 +59,7 @@ SCRIPT_NAMES = (
     "requeue_stale",
     "reinject_dead",
     "release_orphans",
+    "repair_unindexed",
     "seen",
     "dedup_switch",
     "migrate_dedup",
@@ -66,6 +67,7 @@ SCRIPT_NAMES = (
     "mark_finished",
     "purge",
     "fleet_counts",
+    "record_progress",
 )
 
 __all__ = [

@@ -8,15 +8,22 @@ overwrote with a non-number is skipped and reported instead of failing the push 
 every other field, on every sweep, for every worker.
 
 KEYS[1]  fleet_stats  HASH  stat name -> sum over the fleet
+KEYS[2]  record       HASH  the crawl record: writes only while it is the caller's crawl
 
-ARGV[1 ..]  pairs: stat name, growth (an integer, or a decimal with a ".")
+ARGV[1]     epoch  the caller's crawl epoch ("": a tool, no check; lib/crawl.lua)
+ARGV[2 ..]  pairs: stat name, growth (an integer, or a decimal with a ".")
 
 Returns the names of the fields skipped because they hold no number.
 ]]
-local fleet_stats = KEYS[1]
+-- #include crawl
+local fleet_stats, record = KEYS[1], KEYS[2]
+local crawl = crawl_status(record, ARGV[1])
+if crawl ~= "ok" then
+    return redis.error_reply("LOST " .. crawl) -- the crawl is gone: write nothing
+end
 
 local names = {}
-for i = 1, #ARGV, 2 do
+for i = 2, #ARGV, 2 do
     names[#names + 1] = ARGV[i]
 end
 local current = #names > 0 and redis.call("HMGET", fleet_stats, unpack(names)) or {}
@@ -24,7 +31,7 @@ local current = #names > 0 and redis.call("HMGET", fleet_stats, unpack(names)) o
 -- (should Redis refuse a write) fails having written nothing.
 local skipped, writes = {}, {}
 for j, name in ipairs(names) do
-    local value, growth = current[j], ARGV[2 * j]
+    local value, growth = current[j], ARGV[2 * j + 1]
     local integer = not value or string.match(value, "^%-?%d+$")
     if value and not integer and not (tonumber(value) and string.match(value, "^[-+%d.eE]+$")) then
         skipped[#skipped + 1] = name

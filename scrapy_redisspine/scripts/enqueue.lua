@@ -21,54 +21,83 @@ KEYS[12] hosts     ZSET   lane -> next lease time (ms)        (lib/lanes.lua)
 KEYS[13] busy      HASH   lane -> requests in flight          (lib/lanes.lua)
 KEYS[14] backlog   HASH   lane -> requests queued             (lib/lanes.lua)
 KEYS[15] host_next HASH   lane -> earliest next fetch (ms)    (lib/lanes.lua)
+KEYS[16] record    HASH   the crawl record: writes only while it is the caller's crawl
 
-ARGV[1]  order        "fifo" or "lifo"
-ARGV[2]  owner        worker id
-ARGV[3]  n_acks       number of acks that follow
-ARGV[4]  concurrency  most requests of one lane in flight fleet-wide
-ARGV[5]  backlog_cap  most requests queued per lane (0: no cap)
-ARGV[6 .. 5+3*n_acks]      groups of 3: order key, lease token, rest (ms) of its lane
-ARGV[6+3*n_acks ..]        groups of 5: flags, fingerprint, lane, priority key, payload
+ARGV[1]  epoch        the caller's crawl epoch ("": a tool, no check; lib/crawl.lua)
+ARGV[2]  order        "fifo" or "lifo"
+ARGV[3]  owner        worker id
+ARGV[4]  n_acks       number of acks that follow
+ARGV[5]  concurrency  most requests of one lane in flight fleet-wide
+ARGV[6]  backlog_cap  most requests queued per lane (0: no cap)
+ARGV[7 .. 6+3*n_acks]      groups of 3: order key, lease token, rest (ms) of its lane
+ARGV[7+3*n_acks ..]        groups of 5: flags, fingerprint, lane, priority key, payload
            flags: "f" check `seen`, "s" check `starts`, both, or "-" for none
 
 An ack is fenced: it only removes a lease that still carries this owner AND the
 token it was leased with. A worker presumed dead whose lease was requeued (and
 perhaps leased again, even to itself) can no longer remove it.
 
-Returns { statuses, acked }: statuses has one character per request,
+Returns { statuses, acked, repairs }: statuses has one character per request,
 "+" enqueued, "d" duplicate (seen), "s" start request already injected,
-"c" dropped: its lane's backlog is at the cap; acked counts the acks that matched.
+"c" dropped: its lane's backlog is at the cap; acked counts the acks that matched;
+repairs lists the values of crawl keys repaired (lib/numbers.lua).
+
+Every key is read, or its type checked, before the first write: a key of the wrong
+type fails the script before an ack is applied or a fingerprint recorded (a
+fingerprint recorded for a request that never reached the queue would be lost: its
+next copy is a duplicate). Bloom filters of RedisBloom are not checked.
 ]]
 -- #include dedup
 -- #include clock
+-- #include crawl
 -- #include member
 -- #include entry
 -- #include batch
 -- #include lanes
+-- #include numbers
+-- #include keytypes
 local queue, seq, starts = KEYS[1], KEYS[2], KEYS[4]
 local inflight, leases, stats = KEYS[5], KEYS[6], KEYS[7]
 local owned, requeues = KEYS[10], KEYS[11]
 local hosts, busy, backlog, host_next = KEYS[12], KEYS[13], KEYS[14], KEYS[15]
-local seen, dedup, bloom = KEYS[3], KEYS[8], KEYS[9]
-local order, owner = ARGV[1], ARGV[2]
-local n_acks, concurrency, backlog_cap = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
-local first_request = 6 + 3 * n_acks
-dedup_init(seen, dedup, bloom) -- first: a corrupt dedup HASH fails before any write
-lanes_init(hosts, busy, backlog, host_next, concurrency, clock_ms())
+local seen, dedup, bloom, record = KEYS[3], KEYS[8], KEYS[9], KEYS[16]
+local epoch, order, owner = ARGV[1], ARGV[2], ARGV[3]
+local n_acks, concurrency, backlog_cap = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local first_request = 7 + 3 * n_acks
+local crawl = crawl_status(record, epoch)
+if crawl ~= "ok" then
+    return redis.error_reply("LOST " .. crawl) -- the crawl is gone: write nothing
+end
+local n_requests = (#ARGV - first_request + 1) / 5
+-- First: a corrupt dedup HASH or a key of the wrong type fails before any write (seq
+-- is repaired whatever it holds, lib/numbers.lua).
+lanes_init(queue, hosts, busy, backlog, host_next, concurrency, clock_ms())
+local any_requeues = n_acks > 0 and key_exists(requeues, "hash")
+if n_acks > 0 then
+    keys_expect(leases, "zset", owned, "zset") -- the lanes' HASHes: read before the acks
+end
+if n_requests > 0 then
+    dedup_init(seen, dedup, bloom) -- (acks alone need no dedup)
+    keys_expect(queue, "zset", starts, "set", seen, "set", busy, "hash", backlog, "hash",
+                host_next, "hash")
+end
+if n_acks + n_requests > 0 then
+    key_exists(hosts, "zset")
+end
 
 -- Acks: one HMGET for all entries, one write per key for all of them, and one
 -- update per lane (its slots and its rest) however many of its leases end here.
 local acked = 0
 if n_acks > 0 then
     local ack_keys = {}
-    for i = 6, 5 + 3 * n_acks, 3 do
+    for i = 7, 6 + 3 * n_acks, 3 do
         ack_keys[#ack_keys + 1] = ARGV[i]
     end
     local entries = hmget_in_chunks(inflight, ack_keys)
     local done_keys, done_owned = {}, {}
     local lanes_done, released, freed, rests = {}, {}, {}, {}
     for j, key in ipairs(ack_keys) do
-        local base = 6 + 3 * (j - 1)
+        local base = 7 + 3 * (j - 1)
         local lane = entry_lane(entries[j], owner, ARGV[base + 1])
         if lane ~= nil and not released[key] then
             released[key] = true
@@ -86,17 +115,17 @@ if n_acks > 0 then
     end
     acked = #done_keys
     if acked > 0 then
+        local lanes_before = lanes_read(lanes_done) -- before the first write
         call_in_chunks("HDEL", inflight, done_keys) -- no "denyoom" command: see lease.lua
         call_in_chunks("ZREM", leases, done_keys)
         call_in_chunks("ZREM", owned, done_owned)
-        if redis.call("EXISTS", requeues) == 1 then
+        if any_requeues then
             call_in_chunks("HDEL", requeues, done_keys)
         end
-        lanes_update(lanes_done, freed, nil, rests, false)
+        lanes_write(lanes_done, lanes_before, freed, nil, rests, false)
     end
 end
 
-local n_requests = (#ARGV - first_request + 1) / 5
 local statuses = {}
 local to_add = {}
 local lanes, added = {}, {} -- the lanes of this batch, and requests added to each
@@ -109,7 +138,7 @@ for i = 0, n_requests - 1 do
         lanes[#lanes + 1] = lane
         added[lane] = 0
         if backlog_cap > 0 then
-            queued[lane] = tonumber(redis.call("HGET", backlog, lane) or "0")
+            queued[lane] = lane_queued(lane)
         end
     end
     if backlog_cap > 0 and added[lane] + queued[lane] >= backlog_cap then
@@ -127,7 +156,7 @@ for i = 0, n_requests - 1 do
 end
 
 if #to_add > 0 then
-    local last = redis.call("INCRBY", seq, #to_add)
+    local last = seq_take(seq, #to_add)
     local first = last - #to_add + 1
     local pairs_ = {}
     local lifo = order == "lifo"
@@ -144,13 +173,13 @@ if #to_add > 0 then
         end
     end
     lanes_update(grown, nil, added, nil, true) -- a lane already due keeps its turn
-    redis.call("HINCRBY", stats, "enqueued", #to_add)
+    stats_add(stats, "enqueued", #to_add)
 end
 local filtered = n_requests - #to_add
 if filtered > 0 then
-    redis.call("HINCRBY", stats, "filtered", filtered)
+    stats_add(stats, "filtered", filtered)
 end
 if acked > 0 then
-    redis.call("HINCRBY", stats, "acked", acked)
+    stats_add(stats, "acked", acked)
 end
-return { table.concat(statuses), acked }
+return { table.concat(statuses), acked, numbers_repairs() }

@@ -28,38 +28,60 @@ KEYS[10] busy      HASH   lane -> requests in flight          (lib/lanes.lua)
 KEYS[11] backlog   HASH   lane -> requests queued             (lib/lanes.lua)
 KEYS[12] host_next HASH   lane -> earliest next fetch (ms)    (lib/lanes.lua)
 KEYS[13] host_delay HASH  lane -> Crawl-delay (s) learned from robots.txt
+KEYS[14] record    HASH   the crawl record: writes only while it is the caller's crawl
 
-ARGV[1]  owner        worker id
-ARGV[2]  count        most requests to lease (>= 0)
-ARGV[3]  concurrency  most requests of one lane in flight fleet-wide
+ARGV[1]  epoch        the caller's crawl epoch ("": a tool, no check; lib/crawl.lua)
+ARGV[2]  owner        worker id
+ARGV[3]  count        most requests to lease (>= 0)
+ARGV[4]  concurrency  most requests of one lane in flight fleet-wide
 
-Returns { members, token, requeued, delays, queued, inflight, malformed, wait_ms }:
-the leased queue members, their fencing token, how often each was requeued
-before, each lane's learned Crawl-delay ("" if none), how many requests stay
-queued and in flight fleet-wide, how many malformed members went to the dead
-letters, and in how many ms the next lane becomes due (-1: none scheduled).
+Returns { members, token, requeued, delays, queued, inflight, malformed, wait_ms,
+repairs }: the leased queue members, their fencing token, how often each was
+requeued before, each lane's learned Crawl-delay ("" if none; else a number as
+text), how many requests stay queued and in flight fleet-wide, how many malformed
+members went to the dead letters, in how many ms the next lane becomes due (-1:
+none scheduled), and the values of crawl keys repaired (lib/numbers.lua). The
+arrays members, requeued and delays always have the same length.
+
+Every key is read, or its type checked (lib/keytypes.lua), before the writes that
+lease: a key of the wrong type fails the script before a request left the queue.
+Only bookkeeping that is right on its own may come first (a lane's schedule fixed, a
+malformed member dead-lettered).
 ]]
 -- #include clock
+-- #include crawl
 -- #include member
 -- #include batch
 -- #include lanes
+-- #include numbers
+-- #include keytypes
 local queue, inflight, leases, stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local dead, seq, owned, requeues = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local hosts, busy, backlog, host_next, host_delay = KEYS[9], KEYS[10], KEYS[11], KEYS[12], KEYS[13]
-local owner, count, concurrency = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local record = KEYS[14]
+local epoch, owner, count, concurrency = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+local crawl = crawl_status(record, epoch)
+if crawl ~= "ok" then
+    return redis.error_reply("LOST " .. crawl) -- the crawl is gone: write nothing
+end
 local now_ms = clock_ms()
-lanes_init(hosts, busy, backlog, host_next, concurrency, now_ms)
+lanes_init(queue, hosts, busy, backlog, host_next, concurrency, now_ms)
 
 local members, requeued, delays = {}, {}, {}
 -- Usually both are empty: checked once per call (then one HMGET each, see below).
-local any_requeues = count > 0 and redis.call("EXISTS", requeues) == 1
-local any_delays = count > 0 and redis.call("EXISTS", host_delay) == 1
+local any_requeues = count > 0 and key_exists(requeues, "hash")
+local any_delays = count > 0 and key_exists(host_delay, "hash")
 local malformed = 0
 local token = 0
+local dead_checked = false
 
 local function bury_malformed(member)
+    if not dead_checked then
+        key_exists(dead, "hash") -- before the ZREM: the member must land somewhere
+        dead_checked = true
+    end
     redis.call("ZREM", queue, member)
-    local field = "malformed:" .. redis.call("INCR", seq)
+    local field = "malformed:" .. seq_take(seq, 1)
     redis.call("HSET", dead, field, "malformed queue member\n" .. member)
     malformed = malformed + 1
 end
@@ -74,7 +96,8 @@ local function pick(due)
         if count <= #picked then
             break
         end
-        local want = math.min(concurrency - tonumber(busy_of[i] or "0"), count - #picked)
+        -- A busy count that is no count: lanes_write repairs it (this lane gets there).
+        local want = math.min(concurrency - (count_of(busy_of[i]) or 0), count - #picked)
         if want <= 0 then
             host_schedule(lane) -- workers disagree on the concurrency: wait for a slot
         else
@@ -90,6 +113,23 @@ local function pick(due)
         end
     end
     return picked
+end
+
+-- lane -> its Crawl-delay as text, for the lanes that have one; a delay that is no
+-- number of seconds is dropped (as if no worker had learned one).
+local function lane_delays(lanes)
+    local raw, delay_of = hmget_in_chunks(host_delay, lanes), {}
+    for j, lane in ipairs(lanes) do
+        if raw[j] then
+            local seconds = time_of(raw[j])
+            if seconds and seconds >= 0 then
+                delay_of[lane] = string.format("%.17g", seconds)
+            else
+                numbers_drop(host_delay, lane, raw[j])
+            end
+        end
+    end
+    return delay_of
 end
 
 local function lease_picked(picked)
@@ -115,26 +155,11 @@ local function lease_picked(picked)
     if #taken == 0 then
         return recount
     end
-    -- ZREM first: Redis checks maxmemory only before a script's first write, and ZREM
-    -- is no "denyoom" command, so leases (which free memory once acked) still work on
-    -- a full Redis.
-    local taken_members, inflight_pairs, lease_pairs, owned_pairs = {}, {}, {}, {}
+    local taken_members, taken_keys, lanes, moved, took = {}, {}, {}, {}, {}
     for _, i in ipairs(taken) do
+        local lane = picked[i][1]
         taken_members[#taken_members + 1] = picked[i][2]
-    end
-    call_in_chunks("ZREM", queue, taken_members)
-    token = redis.call("INCR", seq)
-    local lanes, moved, took, taken_keys = {}, {}, {}, {}
-    for _, i in ipairs(taken) do
-        local lane, member, key = picked[i][1], picked[i][2], keys[i]
-        inflight_pairs[#inflight_pairs + 1] = key
-        inflight_pairs[#inflight_pairs + 1] = owner .. "\n" .. token .. "\n" .. member
-        lease_pairs[#lease_pairs + 1] = now_ms
-        lease_pairs[#lease_pairs + 1] = key
-        owned_pairs[#owned_pairs + 1] = 0
-        owned_pairs[#owned_pairs + 1] = owner .. "\n" .. key
-        members[#members + 1] = member
-        taken_keys[#taken_keys + 1] = key
+        taken_keys[#taken_keys + 1] = keys[i]
         if not moved[lane] then
             lanes[#lanes + 1] = lane
             moved[lane] = 0
@@ -142,23 +167,39 @@ local function lease_picked(picked)
         moved[lane] = moved[lane] + 1
         took[lane] = -moved[lane]
     end
+    -- Read before the first write. Usually both hashes are empty (checked once per
+    -- call); else one HMGET each.
+    local times = any_requeues and hmget_in_chunks(requeues, taken_keys) or {}
+    local delay_of = any_delays and lane_delays(lanes) or {}
+    local lanes_before = lanes_read(lanes) -- (busy was read by pick)
+    keys_expect(leases, "zset", owned, "zset")
+    -- ZREM first: Redis checks maxmemory only before a script's first write, and ZREM
+    -- is no "denyoom" command, so leases (which free memory once acked) still work on
+    -- a full Redis.
+    call_in_chunks("ZREM", queue, taken_members)
+    token = seq_take(seq, 1)
+    local inflight_pairs, lease_pairs, owned_pairs = {}, {}, {}
+    for j, i in ipairs(taken) do
+        local member, key = picked[i][2], keys[i]
+        inflight_pairs[#inflight_pairs + 1] = key
+        inflight_pairs[#inflight_pairs + 1] = owner .. "\n" .. token .. "\n" .. member
+        lease_pairs[#lease_pairs + 1] = now_ms
+        lease_pairs[#lease_pairs + 1] = key
+        owned_pairs[#owned_pairs + 1] = 0
+        owned_pairs[#owned_pairs + 1] = owner .. "\n" .. key
+        members[j] = member
+        local before = count_of(times[j])
+        if not before then
+            numbers_drop(requeues, key, times[j]) -- a fresh budget, not a lost lease
+            before = 0
+        end
+        requeued[j] = before
+        delays[j] = delay_of[picked[i][1]] or ""
+    end
     call_in_chunks("HSET", inflight, inflight_pairs)
     call_in_chunks("ZADD", leases, lease_pairs)
     call_in_chunks("ZADD", owned, owned_pairs)
-    -- Usually both hashes are empty (checked once per call); else one HMGET each.
-    local times = any_requeues and hmget_in_chunks(requeues, taken_keys) or {}
-    local delay_of = {}
-    if any_delays then
-        local lane_delays = hmget_in_chunks(host_delay, lanes)
-        for j, lane in ipairs(lanes) do
-            delay_of[lane] = lane_delays[j]
-        end
-    end
-    for j, i in ipairs(taken) do
-        requeued[j] = tonumber(times[j] or "0")
-        delays[j] = delay_of[picked[i][1]] or ""
-    end
-    lanes_update(lanes, moved, took, nil, false)
+    lanes_write(lanes, lanes_before, moved, took, nil, false)
     return recount
 end
 
@@ -183,9 +224,17 @@ if count > 0 then
     end
 end
 
--- Repair: members no scheduled lane can reach (garbage, or counts gone wrong).
+-- Repair: members no scheduled lane can reach (garbage, or counts gone wrong). With
+-- nothing in flight, every lane's busy count is 0 (absent): one that is not would
+-- keep its lane from ever being due.
 if #members == 0 and redis.call("ZCARD", hosts) == 0 and redis.call("HLEN", inflight) == 0 then
-    for _, member in ipairs(redis.call("ZRANGE", queue, 0, 99)) do
+    local stranded = redis.call("ZRANGE", queue, 0, 99)
+    local counted = #stranded > 0 and redis.call("HLEN", busy) or 0
+    if counted > 0 then
+        redis.call("DEL", busy)
+        numbers_note(busy, "*", nil, "absent", counted .. " lane count(s) with nothing in flight")
+    end
+    for _, member in ipairs(stranded) do
         local lane = member_lane(member)
         if lane then
             redis.call("HSET", backlog, lane,
@@ -198,10 +247,10 @@ if #members == 0 and redis.call("ZCARD", hosts) == 0 and redis.call("HLEN", infl
 end
 
 if #members > 0 then
-    redis.call("HINCRBY", stats, "leased", #members)
+    stats_add(stats, "leased", #members)
 end
 if malformed > 0 then
-    redis.call("HINCRBY", stats, "dead_lettered", malformed)
+    stats_add(stats, "dead_lettered", malformed)
 end
 local wait_ms = -1
 local next_lane = redis.call("ZRANGE", hosts, 0, 0, "WITHSCORES")
@@ -209,4 +258,4 @@ if next_lane[2] then
     wait_ms = math.max(tonumber(next_lane[2]) - now_ms, 0)
 end
 return { members, token, requeued, delays, redis.call("ZCARD", queue),
-         redis.call("HLEN", inflight), malformed, wait_ms }
+         redis.call("HLEN", inflight), malformed, wait_ms, numbers_repairs() }

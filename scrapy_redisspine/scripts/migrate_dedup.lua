@@ -14,17 +14,19 @@ KEYS[3]  bloom  STRING Bloom filter (bitmap or RedisBloom)
 
 ARGV[1]  count  most fingerprints moved by this call (>= 1)
 
-Returns { mode, moved, remaining }: the mode after the call ("bloom" once the SET
-is empty; calls in any other mode than "migrating" change nothing), the number of
-fingerprints moved, and the number left in the SET.
+Returns { mode, moved, remaining, repairs }: the mode after the call ("bloom" once
+the SET is empty; calls in any other mode than "migrating" change nothing), the
+number of fingerprints moved, the number left in the SET, and the values of crawl
+keys repaired (lib/numbers.lua, e.g. a Bloom layer's count).
 ]]
 -- #include dedup
+-- #include numbers
 local seen, dedup, bloom = KEYS[1], KEYS[2], KEYS[3]
 local count = tonumber(ARGV[1])
 local mode_now, impl = dedup_init(seen, dedup, bloom)
 
 if mode_now ~= "migrating" then
-    return { mode_now, 0, redis.call("SCARD", seen) }
+    return { mode_now, 0, redis.call("SCARD", seen), numbers_repairs() }
 end
 local members = redis.call("SPOP", seen, count)
 if #members > 0 then
@@ -42,4 +44,4 @@ if remaining == 0 then
     mode = "bloom"
     redis.call("HSET", dedup, "mode", mode)
 end
-return { mode, #members, remaining }
+return { mode, #members, remaining, numbers_repairs() }

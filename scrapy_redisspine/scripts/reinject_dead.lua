@@ -11,26 +11,43 @@ KEYS[5]  hosts     ZSET   (lib/lanes.lua)
 KEYS[6]  busy      HASH   (lib/lanes.lua)
 KEYS[7]  backlog   HASH   (lib/lanes.lua)
 KEYS[8]  host_next HASH   (lib/lanes.lua)
+KEYS[9]  record    HASH   the crawl record: writes only while it is the caller's crawl
 
-ARGV[1]  concurrency  most requests of one lane in flight fleet-wide
-ARGV[2 ..]            dead-letter fields to re-inject
+ARGV[1]  epoch        the caller's crawl epoch ("": a tool, no check; lib/crawl.lua)
+ARGV[2]  concurrency  most requests of one lane in flight fleet-wide
+ARGV[3 ..]            dead-letter fields to re-inject
 
-Returns the number re-injected.
+Returns { reinjected, repairs }: the number re-injected, and the values of crawl
+keys repaired (lib/numbers.lua). Every key's type is checked before the first write.
 ]]
 -- #include clock
+-- #include crawl
 -- #include member
 -- #include lanes
+-- #include numbers
+-- #include keytypes
 local dead, queue, requeues, stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local hosts, busy, backlog, host_next = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
-local concurrency = tonumber(ARGV[1])
-lanes_init(hosts, busy, backlog, host_next, concurrency, clock_ms())
+local record = KEYS[9]
+local epoch, concurrency = ARGV[1], tonumber(ARGV[2])
+local crawl = crawl_status(record, epoch)
+if crawl ~= "ok" then
+    return redis.error_reply("LOST " .. crawl) -- the crawl is gone: write nothing
+end
+lanes_init(queue, hosts, busy, backlog, host_next, concurrency, clock_ms())
+keys_expect(dead, "hash", queue, "zset", requeues, "hash", hosts, "zset", busy, "hash",
+            backlog, "hash", host_next, "hash")
 
 local reinjected = 0
-for i = 2, #ARGV do
+for i = 3, #ARGV do
     local entry = redis.call("HGET", dead, ARGV[i])
     if entry then
-        local member = string.sub(entry, string.find(entry, "\n", 1, true) + 1)
-        local lane, key = member_lane(member)
+        local reason_end = string.find(entry, "\n", 1, true)
+        local lane, key, member
+        if reason_end then
+            member = string.sub(entry, reason_end + 1)
+            lane, key = member_lane(member)
+        end
         if lane then
             redis.call("ZADD", queue, 0, member)
             redis.call("HDEL", requeues, key)
@@ -41,6 +58,6 @@ for i = 2, #ARGV do
     end
 end
 if reinjected > 0 then
-    redis.call("HINCRBY", stats, "reinjected", reinjected)
+    stats_add(stats, "reinjected", reinjected)
 end
-return reinjected
+return { reinjected, numbers_repairs() }

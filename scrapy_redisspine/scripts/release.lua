@@ -13,25 +13,39 @@ KEYS[6]  hosts     ZSET   (lib/lanes.lua)
 KEYS[7]  busy      HASH   (lib/lanes.lua)
 KEYS[8]  backlog   HASH   (lib/lanes.lua)
 KEYS[9]  host_next HASH   (lib/lanes.lua)
+KEYS[10] record    HASH   the crawl record: writes only while it is the caller's crawl
 
-ARGV[1]  owner        worker id
-ARGV[2]  concurrency  most requests of one lane in flight fleet-wide
-ARGV[3 ..]            order key, lease token, order key, lease token ...
+ARGV[1]  epoch        the caller's crawl epoch ("": a tool, no check; lib/crawl.lua)
+ARGV[2]  owner        worker id
+ARGV[3]  concurrency  most requests of one lane in flight fleet-wide
+ARGV[4 ..]            order key, lease token, order key, lease token ...
 
-Returns the number of requests put back (fenced: others' leases are left alone).
+Returns { released, repairs }: the number of requests put back (fenced: others'
+leases are left alone), and the values of crawl keys repaired (lib/numbers.lua).
+Every key's type is checked before the first write.
 ]]
 -- #include clock
+-- #include crawl
 -- #include lanes
 -- #include entry
 -- #include putback
+-- #include numbers
+-- #include keytypes
 local queue, inflight, leases, stats, owned = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local hosts, busy, backlog, host_next = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
-local owner, concurrency = ARGV[1], tonumber(ARGV[2])
-lanes_init(hosts, busy, backlog, host_next, concurrency, clock_ms())
+local record = KEYS[10]
+local epoch, owner, concurrency = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local crawl = crawl_status(record, epoch)
+if crawl ~= "ok" then
+    return redis.error_reply("LOST " .. crawl) -- the crawl is gone: write nothing
+end
+lanes_init(queue, hosts, busy, backlog, host_next, concurrency, clock_ms())
 entry_init(inflight, leases, owned)
+keys_expect(queue, "zset", inflight, "hash", leases, "zset", owned, "zset", hosts, "zset",
+            busy, "hash", backlog, "hash", host_next, "hash")
 
 local released = 0
-for i = 3, #ARGV, 2 do
+for i = 4, #ARGV, 2 do
     local key, token = ARGV[i], ARGV[i + 1]
     local member = fenced_member(key, owner, token)
     if member then
@@ -40,6 +54,6 @@ for i = 3, #ARGV, 2 do
     end
 end
 if released > 0 then
-    redis.call("HINCRBY", stats, "released", released)
+    stats_add(stats, "released", released)
 end
-return released
+return { released, numbers_repairs() }

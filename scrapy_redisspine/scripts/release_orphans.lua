@@ -13,26 +13,42 @@ KEYS[6]  hosts     ZSET   (lib/lanes.lua)
 KEYS[7]  busy      HASH   (lib/lanes.lua)
 KEYS[8]  backlog   HASH   (lib/lanes.lua)
 KEYS[9]  host_next HASH   (lib/lanes.lua)
+KEYS[10] dead      HASH   dead letters: order key -> reason \n entry (in-flight entries
+                          that are not "owner \n token \n member")
+KEYS[11] record    HASH   the crawl record: writes only while it is the caller's crawl
 
-ARGV[1]  owner        worker id
-ARGV[2]  limit        most leases to look at
-ARGV[3]  concurrency  most requests of one lane in flight fleet-wide
-ARGV[4 ..]            order keys this worker knows it holds (kept)
+ARGV[1]  epoch        the caller's crawl epoch ("": a tool, no check; lib/crawl.lua)
+ARGV[2]  owner        worker id
+ARGV[3]  limit        most leases to look at
+ARGV[4]  concurrency  most requests of one lane in flight fleet-wide
+ARGV[5 ..]            order keys this worker knows it holds (kept)
 
-Returns the number of leases put back.
+Returns { released, repairs }: the number of leases put back, and the values of
+crawl keys repaired (lib/numbers.lua). Every key's type is checked before the first
+write.
 ]]
 -- #include clock
+-- #include crawl
 -- #include lanes
 -- #include entry
 -- #include putback
+-- #include numbers
+-- #include keytypes
 local owned, inflight, leases, queue, stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local hosts, busy, backlog, host_next = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
-local owner, limit, concurrency = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
-lanes_init(hosts, busy, backlog, host_next, concurrency, clock_ms())
+local hosts, busy, backlog, host_next, dead = KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
+local record = KEYS[11]
+local epoch, owner, limit, concurrency = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+local crawl = crawl_status(record, epoch)
+if crawl ~= "ok" then
+    return redis.error_reply("LOST " .. crawl) -- the crawl is gone: write nothing
+end
+lanes_init(queue, hosts, busy, backlog, host_next, concurrency, clock_ms())
 entry_init(inflight, leases, owned)
+keys_expect(owned, "zset", inflight, "hash", leases, "zset", queue, "zset", hosts, "zset",
+            busy, "hash", backlog, "hash", host_next, "hash", dead, "hash")
 
 local known = {}
-for i = 4, #ARGV do
+for i = 5, #ARGV do
     known[ARGV[i]] = true
 end
 local released = 0
@@ -41,18 +57,25 @@ local held = redis.call("ZRANGEBYLEX", owned, "[" .. owner .. "\n", "(" .. owner
 for _, owned_member in ipairs(held) do
     local key = string.sub(owned_member, #owner + 2)
     if not known[key] then
-        local entry = redis.call("HGET", inflight, key)
+        local entry = entry_get(key)
+        local entry_owner, member
         if entry then
-            local _, member = entry_parts(entry)
+            entry_owner, member = entry_parts(entry)
+        end
+        if entry_owner == owner then
             put_back(queue, owner, key, member)
             released = released + 1
-        else
-            redis.call("ZREM", leases, key)
+        elseif entry and not entry_owner then
+            entry_bury_malformed(dead, key, entry, owner)
+        else -- gone, or another worker's lease since: only this index entry is stale
             redis.call("ZREM", owned, owned_member)
+            if not entry then
+                lease_forget(key)
+            end
         end
     end
 end
 if released > 0 then
-    redis.call("HINCRBY", stats, "released", released)
+    stats_add(stats, "released", released)
 end
-return released
+return { released, numbers_repairs() }

@@ -20,43 +20,58 @@ KEYS[10] busy      HASH   (lib/lanes.lua)
 KEYS[11] backlog   HASH   (lib/lanes.lua)
 KEYS[12] host_next HASH   (lib/lanes.lua)
 KEYS[13] host_delay HASH  lane -> Crawl-delay (s) learned from robots.txt
+KEYS[14] record    HASH   the crawl record: writes only while it is the caller's crawl
 
-ARGV[1]  timeout_ms    a worker silent for longer is dead
-ARGV[2]  ceiling_ms    a lease older than this is requeued even if its owner lives
+ARGV[1]  epoch        the caller's crawl epoch ("": a tool, no check; lib/crawl.lua)
+ARGV[2]  timeout_ms    a worker silent for longer is dead
+ARGV[3]  ceiling_ms    a lease older than this is requeued even if its owner lives
                        (0: no ceiling)
-ARGV[3]  max_requeues  a lease requeued more often goes to the dead letters
-ARGV[4]  limit         most leases handled in one call (bounds the call's time)
-ARGV[5]  concurrency   most requests of one lane in flight fleet-wide
-ARGV[6]  rest_ms       how long a requeued request's lane rests (the dead worker
+ARGV[4]  max_requeues  a lease requeued more often goes to the dead letters
+ARGV[5]  limit         most leases handled in one call (bounds the call's time)
+ARGV[6]  concurrency   most requests of one lane in flight fleet-wide
+ARGV[7]  rest_ms       how long a requeued request's lane rests (the dead worker
                        may have been fetching from it), at least its Crawl-delay
-ARGV[7 ..]             pairs: lane, rest (ms) of lanes with a delay of their own
+ARGV[8 ..]             pairs: lane, rest (ms) of lanes with a delay of their own
 
-Returns { requeued, dead_lettered, workers_removed }.
+Returns { requeued, dead_lettered, workers_removed, repairs }: repairs lists the
+values of crawl keys repaired (lib/numbers.lua). Every key's type is checked before
+the first write.
 ]]
 -- #include clock
+-- #include crawl
 -- #include lanes
 -- #include entry
 -- #include requeue
+-- #include numbers
+-- #include keytypes
 local workers, owned, inflight, leases = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local queue, dead, requeues, stats = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
-local timeout_ms, ceiling_ms = tonumber(ARGV[1]), tonumber(ARGV[2])
-local max_requeues, limit = tonumber(ARGV[3]), tonumber(ARGV[4])
-local concurrency, rest_ms = tonumber(ARGV[5]), tonumber(ARGV[6])
+local epoch, timeout_ms, ceiling_ms = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local max_requeues, limit = tonumber(ARGV[4]), tonumber(ARGV[5])
+local concurrency, rest_ms = tonumber(ARGV[6]), tonumber(ARGV[7])
 local hosts, busy, backlog, host_next, host_delay = KEYS[9], KEYS[10], KEYS[11], KEYS[12], KEYS[13]
+local record = KEYS[14]
+local crawl = crawl_status(record, epoch)
+if crawl ~= "ok" then
+    return redis.error_reply("LOST " .. crawl) -- the crawl is gone: write nothing
+end
 local lane_rests = {}
-for i = 7, #ARGV - 1, 2 do
+for i = 8, #ARGV - 1, 2 do
     lane_rests[ARGV[i]] = tonumber(ARGV[i + 1])
 end
 local now_ms = clock_ms()
-lanes_init(hosts, busy, backlog, host_next, concurrency, now_ms)
+lanes_init(queue, hosts, busy, backlog, host_next, concurrency, now_ms)
 entry_init(inflight, leases, owned)
+keys_expect(workers, "zset", owned, "zset", inflight, "hash", leases, "zset", queue, "zset",
+            dead, "hash", requeues, "hash", hosts, "zset", busy, "hash", backlog, "hash",
+            host_next, "hash", host_delay, "hash")
 requeue_init(queue, requeues, dead, host_delay, max_requeues, rest_ms, lane_rests)
 local counts = { q = 0, d = 0 }
 local budget = limit
 local removed = 0
 
-local function handle(key, reason)
-    local outcome = requeue_lease(key, reason)
+local function handle(key, reason, owner)
+    local outcome = requeue_lease(key, reason, owner)
     if outcome ~= "" then
         counts[outcome] = counts[outcome] + 1
     end
@@ -73,11 +88,16 @@ for _, worker in ipairs(stale) do
     local held = redis.call("ZRANGEBYLEX", owned, "[" .. worker .. "\n", "(" .. worker .. "\v",
                             "LIMIT", 0, budget)
     for _, member in ipairs(held) do
-        handle(string.sub(member, #worker + 2), "worker " .. worker .. " stopped heartbeating")
+        handle(string.sub(member, #worker + 2), "worker " .. worker .. " stopped heartbeating",
+               worker)
     end
     if budget > 0 then
         redis.call("ZREM", workers, worker)
         removed = removed + 1
+    elseif #held > 0 then
+        -- Only part of its leases were taken: the next sweep goes on with the rest,
+        -- and score 0 tells the worker, should it beat again, that it was swept.
+        redis.call("ZADD", workers, 0, worker)
     end
 end
 
@@ -90,9 +110,9 @@ if ceiling_ms > 0 and budget > 0 then
 end
 
 if counts.q > 0 then
-    redis.call("HINCRBY", stats, "requeued", counts.q)
+    stats_add(stats, "requeued", counts.q)
 end
 if counts.d > 0 then
-    redis.call("HINCRBY", stats, "dead_lettered", counts.d)
+    stats_add(stats, "dead_lettered", counts.d)
 end
-return { counts.q, counts.d, removed }
+return { counts.q, counts.d, removed, numbers_repairs() }

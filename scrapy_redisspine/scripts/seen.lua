@@ -10,14 +10,16 @@ KEYS[3]  bloom  STRING Bloom filter (bitmap or RedisBloom)
 
 ARGV[1 ..]      fingerprints (raw bytes)
 
-Returns a string with one character per fingerprint: "1" new (now recorded),
-"0" seen before.
+Returns { statuses, repairs }: a string with one character per fingerprint, "1" new
+(now recorded), "0" seen before; and the values of crawl keys repaired
+(lib/numbers.lua, e.g. a Bloom layer's count).
 ]]
 -- #include dedup
+-- #include numbers
 local seen, dedup, bloom = KEYS[1], KEYS[2], KEYS[3]
 dedup_init(seen, dedup, bloom)
 local statuses = {}
 for i = 1, #ARGV do
     statuses[i] = dedup_add(ARGV[i]) == 1 and "1" or "0"
 end
-return table.concat(statuses)
+return { table.concat(statuses), numbers_repairs() }

@@ -34,7 +34,9 @@ def test_workers_that_join_before_anything_is_queued_wait_for_the_seeds(
     joiners = fleet.start(2, fleet.crawling(site, LINKS_JOIN_ONLY=True), log="joiners")
     time.sleep(2)
     assert all(worker.process.poll() is None for worker in joiners), "a joiner finished early"
-    seeder = fleet.start(1, fleet.crawling(site, LINKS_START_PAUSE_SECONDS=0.5), log="seeder")
+    # one download at a time: the seeder cannot hold every host's slot itself
+    seeder = fleet.start(1, fleet.crawling(site, LINKS_START_PAUSE_SECONDS=0.5,
+                                           CONCURRENT_REQUESTS=1), log="seeder")
     results = wait_workers([*joiners, *seeder], timeout=120)
     assert_finished(results)
     assert_all_fetched(site)

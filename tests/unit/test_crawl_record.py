@@ -18,7 +18,7 @@ from scrapy.utils.test import get_crawler
 from scrapy_redisspine.frontier import Frontier
 from scrapy_redisspine.keys import CrawlKeys
 from scrapy_redisspine.scheduler import Scheduler
-from tests.unit.conftest import SchedSpider, engine_of, finish, next_request
+from tests.unit.conftest import SchedSpider, clock_of, engine_of, finish, next_request
 
 if TYPE_CHECKING:
     import redis
@@ -46,6 +46,7 @@ def _assert_refused(scheduler: Scheduler, reason: str) -> None:
     assert engine.failed, "the process will exit non-zero"
     assert scheduler.has_pending_requests(), "never idle: never closed as 'finished'"
     assert scheduler.next_request() is None
+    clock_of(scheduler).advance(0)  # the close is asked from the reactor's next turn
     assert engine.closed == [reason]
 
 
@@ -161,7 +162,6 @@ def test_a_worker_whose_crawl_vanished_stops_loudly_and_writes_nothing(
     assert "2 leased request(s)" in line
     assert "1 request(s)" in line
     assert reason in line
-    assert engine_of(scheduler).closed == [reason]
     _assert_refused(scheduler, reason)
     finish(scheduler, taken)  # the engine still finishes what it downloads
     scheduler.close(reason)
@@ -175,6 +175,7 @@ def test_a_heartbeat_after_the_crawl_vanished_writes_nothing(
     scheduler = make_scheduler("w1", REDISSPINE_HEARTBEAT_SECONDS=1)
     _lose_everything(client)
     clock.advance(1.01)
+    clock.advance(0)
     assert engine_of(scheduler).closed == ["redisspine_state_lost"]
     clock.advance(2)
     assert _crawl_keys_left(client) == []
@@ -199,8 +200,7 @@ def test_a_bad_setting_is_one_line_and_a_failed_exit(
     from tests.unit.conftest import FakeEngine
 
     crawler = get_crawler(SchedSpider, settings)
-    scheduler = Scheduler.from_crawler(crawler, engine=FakeEngine())
-    scheduler.clock = clock
+    scheduler = Scheduler.from_crawler(crawler, engine=FakeEngine(), clock=clock)
     with caplog.at_level(logging.INFO, logger="scrapy_redisspine"):
         scheduler.open(SchedSpider())
     (line,) = _errors(caplog)
@@ -211,13 +211,13 @@ def test_a_bad_setting_is_one_line_and_a_failed_exit(
 
 
 def test_an_unreachable_redis_is_one_line_with_the_masked_url(
-    caplog: pytest.LogCaptureFixture, unused_port: int
+    caplog: pytest.LogCaptureFixture, unused_port: int, clock: task.Clock
 ) -> None:
     from tests.unit.conftest import FakeEngine
 
     url = f"redis://:secret@127.0.0.1:{unused_port}/0"
     crawler = get_crawler(SchedSpider, {"REDISSPINE_REDIS_URL": url})
-    scheduler = Scheduler.from_crawler(crawler, engine=FakeEngine())
+    scheduler = Scheduler.from_crawler(crawler, engine=FakeEngine(), clock=clock)
     with caplog.at_level(logging.INFO, logger="scrapy_redisspine"):
         scheduler.open(SchedSpider())
     (line,) = _errors(caplog)
@@ -236,3 +236,26 @@ def unused_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
+
+
+@pytest.mark.parametrize("call", ["lease", "send"])
+def test_a_write_into_a_vanished_crawl_is_refused_before_any_heartbeat(
+    make_scheduler: MakeScheduler, client: redis.Redis, call: str
+) -> None:
+    # Between the loss and the next heartbeat a worker still leases and sends: the
+    # scripts refuse (the crawl record is gone), so nothing is written into the
+    # empty Redis, and the worker stops at once.
+    scheduler = make_scheduler("w1")
+    scheduler.enqueue_request(Request("http://example.com/a"))
+    finish(scheduler, next_request(scheduler))
+    scheduler.enqueue_request(Request("http://example.com/child"))
+    _lose_everything(client)
+    if call == "lease":
+        assert scheduler.next_request() is None
+    else:
+        assert not scheduler.outbox.try_flush()
+    assert _crawl_keys_left(client) == []
+    assert scheduler.guard.crawl_gone == "lost"
+    _assert_refused(scheduler, "redisspine_state_lost")
+    scheduler.close("redisspine_state_lost")
+    assert _crawl_keys_left(client) == []

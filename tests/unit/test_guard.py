@@ -96,3 +96,22 @@ def test_a_full_redis_is_memory_pressure_not_an_outage() -> None:
     assert not guard.down
     assert guard.available("enqueue")
     assert stats.get_value("redisspine/memory/oom/enqueue") == 1
+
+
+def test_repairs_are_counted_and_logged_at_most_twenty_a_minute(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    guard, clock, stats = _guard()
+    with caplog.at_level(logging.WARNING, logger="scrapy_redisspine"):
+        guard.repaired("lease", [f"redisspine:{{c}}:busy lane{i} \"x\" -> 0" for i in range(25)])
+        guard.repaired("lease", ())
+        clock.now += 61
+        guard.repaired("enqueue", ["redisspine:{c}:seq - \"?\" -> 1700000000000"])
+    lines = [r.getMessage() for r in caplog.records]
+    assert stats.get_value("redisspine/repaired") == 26
+    assert len(lines) == 22, "20, then the sum of the rest, then the next minute's"
+    assert lines[0] == (
+        'redisspine: lease repaired a malformed value: redisspine:{c}:busy lane0 "x" -> 0'
+    )
+    assert lines[20].startswith("redisspine: 5 more repair(s)")
+    assert "enqueue repaired" in lines[21]

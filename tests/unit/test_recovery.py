@@ -33,6 +33,7 @@ from scrapy_redisspine.frontier import (
     Lease,
     NewRequest,
     SweepResult,
+    UnindexedResult,
     priority_key,
     split_member,
 )
@@ -459,6 +460,35 @@ class TestHeartbeat:
         assert beat.late_ms >= 9 * TIMEOUT_MS
         assert frontier.heartbeat().late_ms < TIMEOUT_MS
         assert _sweep(frontier) == SweepResult(0, 0, 0)
+
+
+class TestPartialSweep:
+    def test_a_worker_swept_in_part_learns_it_and_the_rest_is_swept_next(
+        self, make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        worker, sweeper = make_frontier("w1", concurrency=WIDE), make_frontier("w2")
+        worker.register(flush=False, alive_ms=TIMEOUT_MS)
+        worker.enqueue(_requests(b"a", b"b", b"c"))
+        assert len(worker.lease(3).leases) == 3
+        _silence(client, crawl_keys, "w1")
+        assert _sweep(sweeper, limit=2) == SweepResult(2, 0, 0)
+        assert client.zscore(crawl_keys.workers, "w1") == 0, "marked: swept in part"
+        assert _sweep(sweeper, limit=2) == SweepResult(1, 0, 1), "the rest, next time"
+        worker_again = make_frontier("w1", concurrency=WIDE)
+        worker_again.epoch = worker.epoch
+        assert worker_again.heartbeat().status == "swept"
+
+    def test_a_worker_swept_in_part_that_beats_first_is_told(
+        self, make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        worker, sweeper = make_frontier("w1", concurrency=WIDE), make_frontier("w2")
+        worker.register(flush=False, alive_ms=TIMEOUT_MS)
+        worker.enqueue(_requests(b"a", b"b", b"c"))
+        assert len(worker.lease(3).leases) == 3
+        _silence(client, crawl_keys, "w1")
+        assert _sweep(sweeper, limit=2).requeued == 2
+        assert worker.heartbeat().status == "swept", "some of its leases were taken"
+        assert worker.heartbeat().status == "ok"
 
 
 class TestReleaseOrphans:
@@ -908,7 +938,10 @@ class TestSchedulerDuringAnOutage:
         # Nothing buffered, the fleet was empty at the last count: the first count
         # that fails must not answer from that stale cache (the engine would close
         # the spider as "finished" while Redis cannot say whether work remains).
-        server = RedisServer(directory=tmp_path / "redis")
+        # AOF on: Redis comes back with the crawl (an empty one is lost state,
+        # tests/unit/test_crawl_record.py).
+        server = RedisServer(appendonly=True, directory=tmp_path / "redis",
+                             extra_args=["--appendfsync", "always"])
         with _scheduler_on(server, clock) as scheduler:
             scheduler.enqueue_request(Request("http://example.com/a"))
             request = scheduler.next_request()
@@ -944,6 +977,7 @@ class StubUpkeep:
         self.memory_info: dict[str, int] = {"used_memory": 10, "maxmemory": 0}
         self.error: Exception | None = None
         self.sweeps: list[dict[str, int]] = []
+        self.unindexed: list[str] = []
         self.result = SweepResult(0, 0, 0)
         self.stats = {"enqueued": 5, "acked": 2}
         self.progress: list[tuple[int, int]] = []
@@ -956,6 +990,10 @@ class StubUpkeep:
     def requeue_stale(self, **kwargs: int) -> SweepResult:
         self.sweeps.append(kwargs)
         return self.result
+
+    def repair_unindexed(self, cursor: str, limit: int, **kwargs: Any) -> UnindexedResult:
+        self.unindexed.append(cursor)
+        return UnindexedResult("0", 0, 0, 0, 0)
 
     def read_fleet_stats(self) -> tuple[dict[str, int], list[str]]:
         return dict(self.stats), []
@@ -1163,3 +1201,29 @@ class TestRecoveryExtension:
         assert worker.guard.memory_pressure is False
         assert not real_redis.exists(KEYS.busy)
         assert sorted(real_redis.zrange(KEYS.hosts, 0, -1)) == [b"a.example", b"b.example"]
+
+
+class TestFullRedisAtStart:
+    def test_start_requests_already_injected_do_not_wait_for_room(
+        self, redis_url: str, redis_server: RedisServer, clock: task.Clock,
+    ) -> None:
+        # A worker that joins late, when Redis is full: its start requests are the
+        # ones the crawl had all along, so they need no room, and the crawl can finish.
+        first = _open_on(redis_url, clock)
+        late = build_scheduler(redis_url, clock, "w2")
+        late.open(SchedSpider())
+        client = redis_server.client()
+        try:
+            first.enqueue_request(_start("http://example.com/start"))
+            assert first.outbox.try_flush()
+            client.config_set("maxmemory", 1)
+            late.enqueue_request(_start("http://example.com/start"))
+            late.enqueue_request(_start("http://example.com/other-start"))
+            assert not late.outbox.try_flush()
+            assert len(late.outbox) == 1, "the new start request waits for room"
+            assert _stat(late, "redisspine/scheduler/start_requests_skipped") == 1
+        finally:
+            client.config_set("maxmemory", 0)
+            client.close()
+            first.close("shutdown")
+            late.close("shutdown")

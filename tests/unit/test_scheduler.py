@@ -429,7 +429,8 @@ def test_well_formed_member_with_malformed_request_goes_to_dead_letters(
 
 
 def test_corrupt_key_refuses_to_start_in_one_line_naming_it(
-    make_scheduler: MakeScheduler, client: redis.Redis, caplog: pytest.LogCaptureFixture
+    make_scheduler: MakeScheduler, client: redis.Redis, caplog: pytest.LogCaptureFixture,
+    clock: task.Clock,
 ) -> None:
     client.set(KEYS.queue, b"not a zset")
     with caplog.at_level(logging.INFO, logger="scrapy_redisspine"):
@@ -441,6 +442,9 @@ def test_corrupt_key_refuses_to_start_in_one_line_naming_it(
     assert engine_of(scheduler).failed, "the process will exit non-zero"
     assert scheduler.has_pending_requests(), "never idle, so never 'finished'"
     assert scheduler.next_request() is None
+    clock.advance(0)  # the close is asked from the reactor's next turn
+    assert scheduler.next_request() is None
+    clock.advance(0)
     assert engine_of(scheduler).closed == ["redisspine_corrupt_key"], "closed once"
     assert scheduler.enqueue_request(Request("http://example.com/")) is False
     assert client.zscore(KEYS.workers, "w1") is None, "it did not join"

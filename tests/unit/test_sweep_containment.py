@@ -136,3 +136,17 @@ def test_a_full_redis_refuses_the_stats_push_but_not_recovery(
     finally:
         real_redis.config_set("maxmemory", 0)
         worker.close("shutdown")
+
+
+def test_an_in_flight_entry_no_index_points_to_is_found_and_requeued(
+    worker: Scheduler, client: redis.Redis, start_recovery: Callable[[Scheduler], Recovery],
+) -> None:
+    _dead_worker_holding(client, 2)
+    # garbage of another kind: the indexes of the dead worker's leases are gone, so
+    # no sweep by worker or by age would ever find them
+    client.delete(KEYS.owned, KEYS.leases)
+    recovery = start_recovery(worker)
+    _run_sweeps(clock_of(worker))
+    assert recovery.running
+    assert worker.frontier.upkeep.counts() == (2, 0)
+    assert worker.stats.get_value("redisspine/recovery/unindexed") == 2

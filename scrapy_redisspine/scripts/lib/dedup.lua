@@ -1,7 +1,7 @@
 --[[
 dedup library: for scripts that must decide "seen before?" atomically with what
 they do next.
-Includes nothing. Needs dedup_init called first (by the script).
+Includes numbers, keytypes. Needs dedup_init called first (by the script).
 
 dedup_init(seen, dedup, bloom) -> mode, impl: the HASH's fields below (mode "set" if none)
   seen   SET    raw fingerprints (mode "set", drained while "migrating")
@@ -11,9 +11,14 @@ dedup_add(fingerprint) -> 1 when the fingerprint is new (and is now recorded),
 0 when it was seen before (or is a Bloom false positive).
 dedup_filter_add(fingerprint) -> the same for the filter alone (migrate_dedup.lua).
 
-The meta HASH (`dedup`) is read and checked once, by dedup_init: a script calls it
-before any write of its own, so a corrupt HASH aborts the script before it changed
-anything. Only the layers in use are parsed. Fields:
+The meta HASH (`dedup`) is read and checked once, by dedup_init, with the bitmap's
+type and length: a script calls it before any write of its own, so a corrupt HASH or
+bitmap aborts the script before it changed anything (the type of `seen` is the
+script's to check, if it writes elsewhere first: enqueue.lua).
+Only the layers in use, and the next one planned (a script may grow into it), are
+parsed. A layer's count that is no number is repaired (lib/numbers.lua) to the
+layer's capacity: the layer is taken as full, so the filter grows now, never as
+empty (an overfull layer would take new fingerprints for seen ones). Fields:
   mode        "set" (or no HASH at all) | "migrating" | "bloom"
   impl        "bitmap" | "redisbloom"                (not in mode "set")
   block_bytes bitmap: bytes per block (all of a fingerprint's bits are in one)
@@ -44,6 +49,8 @@ seen if all its bits are set in the block of any layer; a new one is written to 
 last layer with one SETRANGE of the bytes that change. When that layer reaches its
 capacity the next planned layer (allocated here, zeroed) takes over.
 ]]
+-- #include numbers
+-- #include keytypes
 local dedup_byte, dedup_char, dedup_format, dedup_sub = string.byte, string.char, string.format, string.sub
 local dedup_digest_bytes, dedup_member_bytes = 20, 14 -- a digest, and what the SET keeps of it
 local dedup_masks = { 128, 64, 32, 16, 8, 4, 2, 1 } -- bit i of a byte, as Redis numbers it
@@ -97,8 +104,14 @@ local function dedup_load()
     end
     dedup_block_bytes, dedup_block_bits = block_bytes, block_bytes * 8
     dedup_active, dedup_planned = active, planned
-    for i = 1, active do
+    -- The next layer too, if one is planned: growing into it must not fail mid-script.
+    for i = 1, math.min(active + 1, planned) do
         dedup_load_layer(i)
+    end
+    local last = dedup_layers[active]
+    key_exists(dedup_bloom, "string")
+    if redis.call("STRLEN", dedup_bloom) < last.offset + last.blocks * block_bytes then
+        dedup_fail("Bloom bitmap " .. dedup_bloom .. " is shorter than its layers")
     end
 end
 
@@ -221,7 +234,13 @@ local function dedup_bitmap_add(fingerprint)
     -- Sampled count: the bits of h2 above those that placed the bits (bloom.py).
     local step, above = layer.step, bits * bits
     if step == 1 or ((second - second % above) / above) % step == 0 then
-        local count = redis.call("HINCRBY", dedup_meta, layer.count_field, step)
+        local count = hincrby_checked(dedup_meta, layer.count_field, step)
+        if not count then -- no number (see above): taken as full
+            count = layer.capacity
+            local old = redis.call("HGET", dedup_meta, layer.count_field)
+            redis.call("HSET", dedup_meta, layer.count_field, count)
+            numbers_note(dedup_meta, layer.count_field, old, count .. " (the layer's capacity)")
+        end
         if count >= layer.capacity and dedup_active < dedup_planned then
             dedup_grow()
         end

@@ -3,9 +3,10 @@ lanes library: fleet-wide politeness bookkeeping, for any number of lanes in a f
 number of calls (three HMGETs, then at most one write per key and kind) however many
 lanes a lease, an ack batch or an enqueue batch touches; the single-lane helpers at
 the end use the same code.
-Includes batch. Needs lanes_init called first (by the script).
+Includes batch, member, numbers. Needs lanes_init called first (by the script).
 
-lanes_init(hosts, busy, backlog, host_next, concurrency, now_ms)
+lanes_init(queue, hosts, busy, backlog, host_next, concurrency, now_ms)
+  queue        ZSET  the crawl's queue (a lane's requests are one lex range of it)
   hosts        ZSET  lane -> time (ms) it may next be leased; holds exactly the lanes
                      with queued requests and a free slot
   busy         HASH  lane -> requests in flight fleet-wide
@@ -22,36 +23,82 @@ lanes_update(lanes, d_busy, d_backlog, rests, nx)
   rests      lane -> ms the lane rests from now (a fetch ended), or nil: no fetch
   nx         true: a lane already in `hosts` keeps its time and its place (new
              requests only add lanes that were not due yet)
+  Call it after the script changed the lanes' requests in `queue`.
+lanes_read(lanes) -> what lanes_update reads (one HMGET per HASH), and
+lanes_write(lanes, read, d_busy, d_backlog, rests, nx) -> the rest of it: a script
+  that must read everything before its first write reads the lanes early, writes
+  other keys, then writes the lanes (after its changes to `queue`).
+lane_queued(lane) -> the lane's count in backlog (recounted from the queue, and
+  rewritten, if it holds no count).
 
 A lane's time in `hosts` is its next time, or the time it became free if that is
 later: lanes due at once are served in the order they were freed. Only a rest that
 ends in the future is written to host_next.
+
+A count or time that is no number (lib/numbers.lua) is repaired here, recorded, and
+the lane goes on: a busy count is taken as absent (0: it heals as the lane's leases
+end, never below 0), a backlog count is counted again from the queue (exact; the
+queue is as the script left it, so no change is added), a next time is taken as
+absent (the lane is due).
 ]]
 -- #include batch
+-- #include member
+-- #include numbers
 -- Kept in upvalues: read on every lane of every batch, cheaper than a table's fields.
-local lanes_hosts, lanes_busy, lanes_backlog, lanes_next, lanes_concurrency, lanes_now
+local lanes_queue, lanes_hosts, lanes_busy, lanes_backlog, lanes_next
+local lanes_concurrency, lanes_now
 
-local function lanes_init(hosts, busy, backlog, host_next, concurrency, now_ms)
-    if not (hosts and busy and backlog and host_next and concurrency and now_ms) then
+local function lanes_init(queue, hosts, busy, backlog, host_next, concurrency, now_ms)
+    if not (queue and hosts and busy and backlog and host_next and concurrency and now_ms) then
         error("lanes_init: a key or number is missing")
     end
-    lanes_hosts, lanes_busy, lanes_backlog, lanes_next = hosts, busy, backlog, host_next
-    lanes_concurrency, lanes_now = concurrency, now_ms
+    lanes_queue, lanes_hosts, lanes_busy, lanes_backlog = queue, hosts, busy, backlog
+    lanes_next, lanes_concurrency, lanes_now = host_next, concurrency, now_ms
 end
 
-local function lanes_update(lanes, d_busy, d_backlog, rests, nx)
-    if #lanes == 0 then
-        return
+local function lane_queued(lane)
+    local raw = redis.call("HGET", lanes_backlog, lane)
+    local queued = count_of(raw)
+    if not queued then
+        queued = redis.call("ZLEXCOUNT", lanes_queue, lane_range(lane))
+        redis.call("HSET", lanes_backlog, lane, queued)
+        numbers_note(lanes_backlog, lane, raw, queued .. " (counted again)")
     end
-    local busy_of = hmget_in_chunks(lanes_busy, lanes)
-    local backlog_of = hmget_in_chunks(lanes_backlog, lanes)
-    local next_of = hmget_in_chunks(lanes_next, lanes)
+    return queued
+end
+
+local function lanes_read(lanes)
+    return { hmget_in_chunks(lanes_busy, lanes), hmget_in_chunks(lanes_backlog, lanes),
+             hmget_in_chunks(lanes_next, lanes) }
+end
+
+local function lanes_write(lanes, read, d_busy, d_backlog, rests, nx)
+    local busy_of, backlog_of, next_of = read[1], read[2], read[3]
     local busy_set, busy_del, backlog_set, backlog_del = {}, {}, {}, {}
-    local next_set, due, not_due = {}, {}, {}
+    local next_set, next_del, due, not_due = {}, {}, {}, {}
     for i, lane in ipairs(lanes) do
-        local in_flight = tonumber(busy_of[i] or "0") + (d_busy and d_busy[lane] or 0)
-        local queued = tonumber(backlog_of[i] or "0") + (d_backlog and d_backlog[lane] or 0)
-        local next_at = tonumber(next_of[i] or "0")
+        local busy_change = d_busy and d_busy[lane]
+        local backlog_change = d_backlog and d_backlog[lane]
+        local in_flight = count_of(busy_of[i])
+        if not in_flight then
+            numbers_note(lanes_busy, lane, busy_of[i], "absent")
+            in_flight, busy_change = 0, busy_change or 0
+        end
+        in_flight = in_flight + (busy_change or 0)
+        local queued = count_of(backlog_of[i])
+        if queued then
+            queued = queued + (backlog_change or 0)
+        else
+            queued = redis.call("ZLEXCOUNT", lanes_queue, lane_range(lane))
+            numbers_note(lanes_backlog, lane, backlog_of[i], queued .. " (counted again)")
+            backlog_change = 0
+        end
+        local next_at = time_of(next_of[i])
+        if not next_at then
+            numbers_note(lanes_next, lane, next_of[i], "absent")
+            next_at = 0
+            next_del[#next_del + 1] = lane -- unless a rest below writes it
+        end
         local rest = rests and rests[lane]
         if rest and lanes_now + rest > next_at then
             next_at = lanes_now + rest
@@ -60,7 +107,7 @@ local function lanes_update(lanes, d_busy, d_backlog, rests, nx)
                 next_set[#next_set + 1] = next_at
             end
         end
-        if d_busy and d_busy[lane] then
+        if busy_change then
             if in_flight > 0 then
                 busy_set[#busy_set + 1] = lane
                 busy_set[#busy_set + 1] = in_flight
@@ -69,7 +116,7 @@ local function lanes_update(lanes, d_busy, d_backlog, rests, nx)
             end
         end
         if queued > 0 then
-            if d_backlog and d_backlog[lane] then
+            if backlog_change then
                 backlog_set[#backlog_set + 1] = lane
                 backlog_set[#backlog_set + 1] = queued
             end
@@ -93,9 +140,16 @@ local function lanes_update(lanes, d_busy, d_backlog, rests, nx)
     call_in_chunks("HDEL", lanes_busy, busy_del)
     call_in_chunks("HSET", lanes_backlog, backlog_set)
     call_in_chunks("HDEL", lanes_backlog, backlog_del)
+    call_in_chunks("HDEL", lanes_next, next_del) -- before HSET: a lane may be in both
     call_in_chunks("HSET", lanes_next, next_set)
     call_in_chunks("ZREM", lanes_hosts, not_due)
     call_in_chunks("ZADD", lanes_hosts, due, nx and "NX" or nil)
+end
+
+local function lanes_update(lanes, d_busy, d_backlog, rests, nx)
+    if #lanes > 0 then
+        lanes_write(lanes, lanes_read(lanes), d_busy, d_backlog, rests, nx)
+    end
 end
 
 -- The same for one lane (the cold paths: release, bury, requeue, reinject, repair).

@@ -1,0 +1,117 @@
+"""``finished`` is never said over lost or undone work: real workers, real faults.
+
+Each test runs real ``scrapy crawl`` workers against the test site and a Redis of
+its own, injects the fault mid-crawl and checks how every worker ended (its close
+reason and exit code) and what Redis holds afterwards.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from scrapy_redisspine.keys import CrawlKeys
+from scrapy_redisspine.testing.redis_server import RedisServer
+from tests.integration.crawlproc import start_workers, wait_workers, worker_env
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from pathlib import Path
+
+    import redis
+
+    from scrapy_redisspine.testing.site import TestSite
+    from tests.integration.crawlproc import WorkerResult
+
+pytestmark = pytest.mark.e2e
+
+FAST = {
+    "REDISSPINE_HEARTBEAT_SECONDS": 0.3,
+    "REDISSPINE_WORKER_TIMEOUT_SECONDS": 1.5,
+    "REDISSPINE_SWEEP_SECONDS": 0.3,
+    "CONCURRENT_REQUESTS": 4,
+}
+
+
+def _wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def _ended_with(results: list[WorkerResult], reason: str, said: str) -> None:
+    for result in results:
+        detail = f"worker {result.index}: rc={result.returncode}\n{result.log[-3000:]}"
+        assert result.finish_reason == reason, detail
+        assert result.returncode != 0, detail
+        assert said in result.log, detail
+        assert "Traceback" not in result.log, detail
+
+
+def _crawl_keys(client: redis.Redis, keys: CrawlKeys) -> list[str]:
+    return [key for key in keys.all_crawl_keys() if client.exists(key)]
+
+
+def test_redis_restarted_empty_mid_crawl_is_never_finished(
+    project_dir: Path, site_factory: Callable[..., TestSite], crawl_settings: dict[str, Any],
+    worker_log_dir: Path,
+) -> None:
+    site = site_factory(hosts=3, pages_per_host=40, latency=0.05)
+    with RedisServer() as server:  # no persistence: a restart comes back empty
+        settings = {**crawl_settings, **FAST, "REDISSPINE_REDIS_URL": server.url,
+                    "LINKS_START_URLS": ",".join(site.start_urls())}
+        workers = start_workers(project_dir, "links", 3, settings, log_dir=worker_log_dir)
+        _wait_for(lambda: len(site.requests()) >= 20, 30, "the crawl to get going")
+        server.restart()
+        results = wait_workers(workers, timeout=120)
+        client = server.client()
+        try:
+            keys = CrawlKeys("redisspine", settings["REDISSPINE_CRAWL_ID"])
+            left = _crawl_keys(client, keys)
+        finally:
+            client.close()
+    assert len(site.fetch_counts()) < len(site.all_urls()), "the fault came too late"
+    _ended_with(results, "redisspine_state_lost", "state in Redis is gone")
+    assert left == [], f"the workers wrote {left} into the empty Redis"
+
+
+def test_purge_under_live_workers_says_purged(
+    project_dir: Path, site_factory: Callable[..., TestSite], crawl_settings: dict[str, Any],
+    worker_log_dir: Path, redis_url: str,
+) -> None:
+    site = site_factory(hosts=3, pages_per_host=40, latency=0.05)
+    settings = {**crawl_settings, **FAST, "LINKS_START_URLS": ",".join(site.start_urls())}
+    workers = start_workers(project_dir, "links", 2, settings, log_dir=worker_log_dir)
+    _wait_for(lambda: len(site.requests()) >= 20, 30, "the crawl to get going")
+    purged = subprocess.run(
+        [sys.executable, "-m", "scrapy_redisspine.cli", "--redis-url", redis_url,
+         "purge", settings["REDISSPINE_CRAWL_ID"], "--yes"],
+        env=worker_env(), capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert purged.returncode == 0, purged.stderr
+    results = wait_workers(workers, timeout=120)
+    _ended_with(results, "redisspine_purged", "was purged")
+    for result in results:
+        assert "presumed dead" not in result.log
+
+
+def test_a_second_spider_on_the_same_crawl_id_is_refused_in_one_line(
+    project_dir: Path, crawl_settings: dict[str, Any], worker_log_dir: Path,
+    test_site: TestSite,
+) -> None:
+    first = start_workers(project_dir, "links", 1, {**crawl_settings, **FAST},
+                          log_dir=worker_log_dir)
+    (done,) = wait_workers(first, timeout=120)
+    assert (done.returncode, done.finish_reason) == (0, "finished"), done.log[-3000:]
+    other = start_workers(project_dir, "other", 1, {**crawl_settings, **FAST},
+                          log_dir=worker_log_dir / "other")
+    (refused,) = wait_workers(other, timeout=60)
+    _ended_with([refused], "redisspine_crawl_conflict", "belongs to spider 'links'")
+    errors = [line for line in refused.log.splitlines() if " ERROR: " in line]
+    assert len(errors) == 1, errors
