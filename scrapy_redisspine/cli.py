@@ -99,6 +99,22 @@ class Context:
         self.url, self.embedded_dir = resolve_redis_url(args.redis_url, self.config)
         self.prefix: str = args.prefix or self.config.key_prefix
         self.client = redis.Redis.from_url(self.url, socket_connect_timeout=3, socket_timeout=10)
+        if self.embedded_dir is not None:
+            self._hold_embedded()
+
+    def _hold_embedded(self) -> None:
+        """Connect now: a connected client keeps the last worker from stopping the
+        embedded server under the command (``shutdown_embedded_if_unused`` counts
+        clients). If it stopped in between, start it again."""
+        assert self.embedded_dir is not None
+        try:
+            self.client.ping()
+        except redis.ConnectionError:
+            self.client.close()
+            self.url = ensure_embedded_server(self.embedded_dir, self.config.redis_server_bin)
+            self.client = redis.Redis.from_url(self.url, socket_connect_timeout=3,
+                                               socket_timeout=10)
+            self.client.ping()
 
     def close(self) -> None:
         """Let go of Redis; an embedded server no worker uses any more stops again."""

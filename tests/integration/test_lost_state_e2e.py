@@ -115,3 +115,23 @@ def test_a_second_spider_on_the_same_crawl_id_is_refused_in_one_line(
     _ended_with([refused], "redisspine_crawl_conflict", "belongs to spider 'links'")
     errors = [line for line in refused.log.splitlines() if " ERROR: " in line]
     assert len(errors) == 1, errors
+
+
+def test_running_a_finished_crawl_again_says_it_finished(
+    project_dir: Path, crawl_settings: dict[str, Any], worker_log_dir: Path,
+    test_site: TestSite,
+) -> None:
+    first = start_workers(project_dir, "links", 1, {**crawl_settings, **FAST},
+                          log_dir=worker_log_dir)
+    (done,) = wait_workers(first, timeout=120)
+    assert (done.returncode, done.finish_reason) == (0, "finished"), done.log[-3000:]
+    fetched = len(test_site.requests())
+    again = start_workers(project_dir, "links", 1, {**crawl_settings, **FAST},
+                          log_dir=worker_log_dir / "again")
+    (rerun,) = wait_workers(again, timeout=60)
+    assert (rerun.returncode, rerun.finish_reason) == (0, "finished"), rerun.log[-3000:]
+    warnings = [line for line in rerun.log.splitlines() if "already finished at" in line]
+    assert len(warnings) == 1, rerun.log[-3000:]
+    assert f"({done.stats['redisspine/scheduler/acked']} request(s) done)" in warnings[0]
+    assert "REDISSPINE_FLUSH_ON_START" in warnings[0]
+    assert len(test_site.requests()) == fetched, "nothing was fetched again"
