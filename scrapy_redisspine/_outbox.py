@@ -75,7 +75,11 @@ class Outbox:
         cache_size: int,
         on_sent: Callable[[EnqueueResult], None],
         on_duplicate: Callable[[Request], None],
+        on_dropped: Callable[[Request], None],
     ) -> None:
+        """``on_duplicate`` and ``on_dropped`` hear of the requests Redis did not
+        queue (a duplicate, a lane at its backlog cap): the scheduler had said yes
+        to them before the batch went out."""
         self._frontier = frontier
         self._guard = guard
         self._stats = stats
@@ -84,6 +88,7 @@ class Outbox:
         self._cache_size = cache_size
         self._on_sent = on_sent
         self._on_duplicate = on_duplicate
+        self._on_dropped = on_dropped
         self._requests: list[tuple[NewRequest, Request]] = []
         self._acks: list[PendingAck] = []
         self._local: dict[bytes, Request] = {}  # payload -> the request it encodes
@@ -241,8 +246,10 @@ class Outbox:
                     self._keep_local(entry.payload, request)
             elif status == "d":
                 self._on_duplicate(request)
+                self._on_dropped(request)
             elif status == "c":
                 stats.inc_value("redisspine/scheduler/backlog_capped")
+                self._on_dropped(request)
             else:
                 stats.inc_value("redisspine/scheduler/start_requests_skipped")
         sent = len(sending.acks)

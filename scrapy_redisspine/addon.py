@@ -39,6 +39,11 @@ class Addon:
         settings.setdefault_in_component_priority_dict("EXTENSIONS", FleetLog, 510)
         # After RetryMiddleware (550) on the way in: sees 429/503 before it retries.
         settings.setdefault_in_component_priority_dict("DOWNLOADER_MIDDLEWARES", Politeness, 560)
+        from scrapy_redisspine.startmw import StartRequests
+
+        # Outermost (below Scrapy's StartSpiderMiddleware, 25): it sees the very
+        # request objects start() hands the scheduler.
+        settings.setdefault_in_component_priority_dict("SPIDER_MIDDLEWARES", StartRequests, 5)
 
 
 def _warn_if_overridden(settings: Settings, name: str, ours: str) -> None:

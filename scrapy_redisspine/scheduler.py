@@ -34,6 +34,7 @@ import time
 from typing import TYPE_CHECKING
 
 import redis
+from scrapy import signals as scrapy_signals
 from scrapy.core.scheduler import BaseScheduler
 from scrapy.dupefilters import BaseDupeFilter
 
@@ -56,6 +57,7 @@ from scrapy_redisspine._leasebook import LeaseBook
 from scrapy_redisspine._leasing import Leaser
 from scrapy_redisspine._outbox import Outbox
 from scrapy_redisspine._settings_compat import notices
+from scrapy_redisspine._starts import StartRegistry
 from scrapy_redisspine.dedup import DedupConfigError
 from scrapy_redisspine.dupefilter import RedisDupeFilter, fleet_dupefilter
 from scrapy_redisspine.frontier import (
@@ -122,6 +124,7 @@ class Scheduler(BaseScheduler):
         self.spider: Spider | None = None
         self.guard = RedisGuard(stats, self.clock.seconds)
         self.book = LeaseBook()
+        self.starts = StartRegistry()
         self._remote_dedup = isinstance(dupefilter, RedisDupeFilter)
         self._idle_poll = Periodic(
             "idle poll", self._on_idle_poll, config.idle_poll_seconds, self.clock, stats
@@ -196,6 +199,7 @@ class Scheduler(BaseScheduler):
             self.frontier, self.guard, stats, clock,
             batch_size=config.enqueue_batch_size, cache_size=config.local_request_cache,
             on_sent=self._on_sent, on_duplicate=lambda request: self.df.log(request, spider),
+            on_dropped=self._dropped,
         )
         self.fleet = FleetMember(
             frontier=self.frontier, guard=self.guard, book=self.book, engine=self.engine,
@@ -211,7 +215,8 @@ class Scheduler(BaseScheduler):
         )
         self.guard.on_crawl_gone = lambda status: self._crawl_gone(Heartbeat(status))
         self.view = signals.WorkerView(
-            self.worker_id, self.frontier.upkeep, self.guard, self.hosts, self.wake
+            self.worker_id, self.frontier.upkeep, self.guard, self.hosts, self.wake,
+            self.starts,
         )
 
     def _refuse(self, reason: str, message: str) -> None:
@@ -326,13 +331,16 @@ class Scheduler(BaseScheduler):
             logger.error("redisspine: %s", exc, extra={"spider": self.spider})
             self.stats.inc_value("redisspine/scheduler/unserializable")
             return False
-        is_start = bool(request.meta.get("is_start_request"))
+        is_start = self.starts.is_start(request)
         if self.guard.memory_pressure and not (is_start or request.dont_filter):
             self.outbox.shed(request)
             return False
         fingerprint = b""
         if is_start or (self._remote_dedup and not request.dont_filter):
             fingerprint = self._fingerprint(request)
+        if is_start and (request.dont_filter or not self._remote_dedup):
+            # identical start requests are all fetched (as in Scrapy), each once per crawl
+            fingerprint = self.starts.start_key(fingerprint)
         entry = NewRequest(
             payload,
             fingerprint,
@@ -394,6 +402,14 @@ class Scheduler(BaseScheduler):
         self.outbox.add_ack(
             finished.handle, self.hosts.rest_ms(finished), self.config.ack_flush_seconds
         )
+
+    def _dropped(self, request: Request) -> None:
+        """Redis did not queue a request ``enqueue_request()`` had taken: tell Scrapy,
+        as its engine does for a request its scheduler refuses."""
+        if self.crawler is not None:
+            self.crawler.signals.send_catch_log(
+                scrapy_signals.request_dropped, request=request, spider=self.spider
+            )
 
     def _on_sent(self, result: EnqueueResult) -> None:
         self.fleet.work_added()

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from scrapy_redisspine._frontier_upkeep import FrontierUpkeep
     from scrapy_redisspine._guard import RedisGuard
     from scrapy_redisspine._host_policy import HostPolicy
+    from scrapy_redisspine._starts import StartRegistry
 
 #: Sent by the scheduler once it joined its crawl. Arguments: ``worker`` (a
 #: :class:`WorkerView`).
@@ -36,3 +37,4 @@ class WorkerView:
     guard: RedisGuard  # ask before calling Redis, report failures, memory pressure
     hosts: HostPolicy  # delays; Retry-After and Crawl-delay from responses
     wake: Callable[[], None]  # new work may be in Redis: lease soon
+    starts: StartRegistry  # which requests start() yielded (startmw.StartRequests)

@@ -83,3 +83,20 @@ def test_a_wrong_password_says_so_in_one_line(fleet: Fleet, tmp_path: Any) -> No
         line = _refused(fleet.run(1, fleet.crawling(REDISSPINE_REDIS_URL=url), timeout=60),
                         "redisspine_redis_unreachable", "AuthenticationError", "***")
     assert "wrong" not in line
+
+
+def test_a_start_request_answered_429_is_retried_and_fetched(
+    fleet: Fleet, site_factory: Callable[..., TestSite],
+) -> None:
+    # Scrapy's RetryMiddleware copies the start request, meta and all (also
+    # is_start_request): the copy is a retry to fetch, not a start request again.
+    probe = site_factory(hosts=2, pages_per_host=5)
+    host, path = probe.start_urls()[0].split("://", 1)[1].split("/", 1)
+    busy = f"{host.split(':')[0]}/{path}"
+    site = site_factory(hosts=2, pages_per_host=5, busy_paths={busy: 1})
+    results = fleet.run(2, fleet.crawling(site), timeout=120)
+    assert_finished(results)
+    assert_all_fetched(site)
+    answers = [entry["status"] for entry in site.requests()
+               if f"{entry['host']}{entry['path']}" == busy]
+    assert answers == [429, 200], "answered 429 once, then fetched by the retry"

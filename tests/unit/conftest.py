@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
 
     import redis
+    from scrapy.crawler import Crawler
 
     from scrapy_redisspine.testing.redis_server import RedisServer
 
@@ -196,14 +197,15 @@ def scheduler_config(url: str, **settings: Any) -> SpineConfig:
 
 def build_scheduler(
     url: str, clock: task.Clock, worker_id: str = "w1", *, free_slots: int = 1,
-    **settings: Any,
+    crawler: Crawler | None = None, **settings: Any,
 ) -> Scheduler:
-    """A scheduler (not opened) with a :class:`FakeEngine` on ``clock``."""
+    """A scheduler (not opened) with a :class:`FakeEngine` on ``clock``; ``crawler``
+    for its signals (none: no signal is sent)."""
     config = scheduler_config(url, **settings)
     stats = MemoryStatsCollector(get_crawler(SchedSpider))
     dupefilter = RedisDupeFilter(RequestFingerprinter(), config, stats=stats)
     return Scheduler(config, dupefilter, stats, engine=FakeEngine(free_slots), clock=clock,
-                     worker_id=worker_id)
+                     worker_id=worker_id, crawler=crawler)
 
 
 MakeScheduler = Callable[..., Scheduler]
@@ -221,10 +223,10 @@ def make_scheduler(redis_url_for: str, clock: task.Clock) -> Iterator[MakeSchedu
 
     def make(
         worker_id: str = "w1", *, spider: Spider | None = None, free_slots: int = 1,
-        **settings: Any,
+        crawler: Crawler | None = None, **settings: Any,
     ) -> Scheduler:
         scheduler = build_scheduler(redis_url_for, clock, worker_id, free_slots=free_slots,
-                                    **settings)
+                                    crawler=crawler, **settings)
         scheduler.open(spider or SchedSpider())
         opened.append(scheduler)
         return scheduler

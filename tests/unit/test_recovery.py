@@ -27,6 +27,7 @@ from twisted.internet import task
 from scrapy_redisspine._guard import RedisGuard
 from scrapy_redisspine._host_policy import HostPolicy
 from scrapy_redisspine._leasebook import LeaseBook
+from scrapy_redisspine._starts import StartRegistry
 from scrapy_redisspine.extension import Recovery
 from scrapy_redisspine.frontier import (
     Frontier,
@@ -1017,7 +1018,8 @@ class StubWorker:
         config = load_config({"DOWNLOAD_DELAY": delay, "DOWNLOAD_DELAY_JITTER": 0})
         frontier = Frontier(fakeredis.FakeRedis(), KEYS, "w1")
         hosts = HostPolicy(config, frontier, self.guard, LeaseBook(), recovery.stats)
-        self.view = WorkerView("w1", self.upkeep, self.guard, hosts, self._wake)
+        self.view = WorkerView("w1", self.upkeep, self.guard, hosts, self._wake,
+                               StartRegistry())
         recovery.worker = self.view
 
     def _wake(self) -> None:

@@ -761,3 +761,25 @@ def test_cache_off_and_other_workers_requests_are_decoded(
     got = sorted(drain(consumer), key=lambda request: request.url)
     assert [request.url for request in got] == ["http://example.com/a", "http://example.com/b"]
     assert got[0] is not sent
+
+
+def test_requests_redis_did_not_queue_are_reported_dropped(
+    make_scheduler: MakeScheduler,
+) -> None:
+    from scrapy import signals as scrapy_signals
+    from scrapy.utils.test import get_crawler
+
+    crawler = get_crawler(SchedSpider)
+    dropped: list[Request] = []
+
+    def on_dropped(request: Request, spider: Any) -> None:
+        dropped.append(request)
+
+    crawler.signals.connect(on_dropped, signal=scrapy_signals.request_dropped)
+    scheduler = make_scheduler(crawler=crawler, REDISSPINE_HOST_BACKLOG_CAP=1)
+    kept, duplicate = Request("http://a.example/1"), Request("http://a.example/1")
+    capped = Request("http://a.example/2")
+    for request in (kept, duplicate, capped):
+        assert scheduler.enqueue_request(request), "decided in Redis, after the call"
+    assert scheduler.outbox.try_flush()
+    assert dropped == [duplicate, capped]

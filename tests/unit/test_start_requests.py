@@ -1,0 +1,93 @@
+"""Start requests are known by where they came from: retries and redirects of them
+are fetched, identical ones with dont_filter are all fetched, and each enters the
+crawl once however many workers run start(). Each test runs on fakeredis and on
+the real redis-server, with the add-on's StartRequests middleware feeding the
+scheduler as in a crawl."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+from scrapy import Request
+
+from scrapy_redisspine.startmw import StartRequests
+from tests.unit.conftest import drain
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+    import pytest
+
+    from scrapy_redisspine.scheduler import Scheduler
+    from tests.unit.conftest import MakeScheduler
+
+
+def _start(scheduler: Scheduler, *requests: Request) -> list[Request]:
+    """Run ``requests`` through the middleware into the scheduler, as start() would."""
+    middleware = StartRequests()
+    middleware.worker_opened(scheduler.view)
+
+    async def start() -> AsyncIterator[Request]:
+        for request in requests:
+            yield request
+
+    async def run() -> list[Request]:
+        return [request async for request in middleware.process_start(start())]
+
+    loop = asyncio.new_event_loop()
+    try:
+        out = loop.run_until_complete(run())
+    finally:
+        loop.close()
+    for request in out:
+        request.meta.setdefault("is_start_request", True)  # Scrapy's StartSpiderMiddleware
+        scheduler.enqueue_request(request)
+    assert scheduler.outbox.try_flush()
+    return out
+
+
+def test_a_retry_of_a_start_request_is_fetched(make_scheduler: MakeScheduler) -> None:
+    scheduler = make_scheduler()
+    _start(scheduler, Request("http://example.com/503", dont_filter=True))
+    (fetched,) = drain(scheduler)
+    retry = fetched.replace(dont_filter=True)  # RetryMiddleware: a copy, meta and all
+    assert retry.meta["is_start_request"]
+    assert scheduler.enqueue_request(retry)
+    assert [request.url for request in drain(scheduler)] == ["http://example.com/503"]
+    assert scheduler.stats.get_value("redisspine/scheduler/start_requests_skipped") is None
+
+
+def test_identical_dont_filter_start_requests_are_all_fetched(
+    make_scheduler: MakeScheduler,
+) -> None:
+    scheduler = make_scheduler()
+    _start(scheduler, *(Request("http://example.com/", dont_filter=True) for _ in range(3)))
+    assert len(drain(scheduler)) == 3
+
+
+def test_each_start_request_enters_once_however_many_workers_start(
+    make_scheduler: MakeScheduler,
+) -> None:
+    first, second = make_scheduler("w1"), make_scheduler("w2")
+    for scheduler in (first, second):
+        _start(scheduler, Request("http://example.com/", dont_filter=True),
+               Request("http://example.com/", dont_filter=True),
+               Request("http://example.com/other"))
+    assert second.stats.get_value("redisspine/scheduler/start_requests_skipped") == 3
+    assert len(drain(first)) + len(drain(second)) == 3
+
+
+def test_without_the_middleware_the_meta_flag_is_used_and_said(
+    make_scheduler: MakeScheduler, caplog: pytest.LogCaptureFixture
+) -> None:
+    scheduler = make_scheduler()
+    with caplog.at_level(logging.WARNING, logger="scrapy_redisspine"):
+        for _ in range(2):
+            scheduler.enqueue_request(
+                Request("http://example.com/", dont_filter=True, meta={"is_start_request": True})
+            )
+    assert scheduler.outbox.try_flush()
+    warned = [r for r in caplog.records if "StartRequests" in r.getMessage()]
+    assert len(warned) == 1
