@@ -2,16 +2,28 @@
 
 Sets the scheduler and the dupefilter with the ``addon`` priority, so a project that
 sets them explicitly in settings.py still wins, and enables the recovery extension
-(the sweep that requeues the work of dead workers), the fleet log line and the politeness downloader
-middleware (Retry-After and robots.txt Crawl-delay, shared fleet-wide).
+(the sweep that requeues the work of dead workers), the fleet log line, the
+politeness downloader middleware (Retry-After and robots.txt Crawl-delay, shared
+fleet-wide) and the start-requests spider middleware.
+
+Only the commands that crawl join the fleet: ``scrapy crawl`` and ``scrapy runspider``
+(and any program running a ``CrawlerProcess``). ``scrapy shell``, ``fetch``, ``view``,
+``parse``, ``check`` and ``bench`` look at a page or two on this machine: joining
+the crawl in Redis would hand their requests to other workers (and the command would
+wait for them forever), so they run with Scrapy's own scheduler, and say so in one
+line.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from scrapy.crawler import Crawler
     from scrapy.settings import Settings
 
@@ -21,10 +33,36 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
+#: ``scrapy`` commands that crawl: a process running one is a worker of the fleet.
+FLEET_COMMANDS = frozenset({"crawl", "runspider"})
+
+
+def scrapy_command(argv: Sequence[str] | None = None) -> str | None:
+    """The ``scrapy`` command this process runs (``scrapy shell ...``, ``python -m
+    scrapy fetch ...``), or None for any other program.
+
+    Read from the interpreter's own command line (``sys.orig_argv``): Scrapy pops the
+    command name off ``sys.argv`` before the add-on runs."""
+    argv = list(getattr(sys, "orig_argv", sys.argv) if argv is None else argv)
+    for i, arg in enumerate(argv):
+        if (arg == "scrapy" and i and argv[i - 1] == "-m") or (
+            i and os.path.basename(arg) == "scrapy" and argv[i - 1] != "-m"
+        ):
+            return next((rest for rest in argv[i + 1:] if not rest.startswith("-")), None)
+    return None
+
+
 class Addon:
     """``ADDONS = {"scrapy_redisspine.Addon": 0}``"""
 
     def update_settings(self, settings: Settings) -> None:
+        command = scrapy_command()
+        if command is not None and command not in FLEET_COMMANDS:
+            logger.info(
+                "redisspine: `scrapy %s` runs on its own with Scrapy's scheduler: it does not "
+                "join the crawl in Redis (only crawl and runspider do)", command,
+            )
+            return
         settings.set("SCHEDULER", "scrapy_redisspine.scheduler.Scheduler", "addon")
         settings.set(
             "DUPEFILTER_CLASS", "scrapy_redisspine.dupefilter.RedisDupeFilter", "addon"

@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import logging
+
+import pytest
 from scrapy import Spider
 from scrapy.settings import SETTINGS_PRIORITIES
 from scrapy.utils.test import get_crawler
@@ -55,3 +58,35 @@ def test_without_the_addon_scrapy_defaults_stay() -> None:
     crawler = get_crawler(AddonSpider)
     assert crawler.settings["SCHEDULER"] != SCHEDULER
     assert crawler.settings["DUPEFILTER_CLASS"] != DUPEFILTER
+
+
+@pytest.mark.parametrize(("argv", "command"), [
+    (["/usr/bin/python3", "-m", "scrapy", "shell", "http://a/", "-c", "1"], "shell"),
+    (["/usr/bin/python3", "/venv/bin/scrapy", "crawl", "books", "-s", "X=1"], "crawl"),
+    (["/usr/bin/python3", "-m", "scrapy", "bench", "-s", "CLOSESPIDER_TIMEOUT=2"], "bench"),
+    (["/usr/bin/python3", "-m", "pytest", "tests"], None),
+    (["/usr/bin/python3", "run.py", "scrapy"], None),
+])
+def test_the_scrapy_command_is_read_from_the_command_line(
+    argv: list[str], command: str | None
+) -> None:
+    from scrapy_redisspine.addon import scrapy_command
+
+    assert scrapy_command(argv) == command
+
+
+def test_a_command_that_does_not_crawl_keeps_scrapys_scheduler(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import sys
+
+    from scrapy.settings import Settings
+
+    from scrapy_redisspine.addon import Addon
+
+    monkeypatch.setattr(sys, "orig_argv", ["python", "-m", "scrapy", "fetch", "http://a/"])
+    settings = Settings()
+    with caplog.at_level(logging.INFO, logger="scrapy_redisspine"):
+        Addon().update_settings(settings)
+    assert settings["SCHEDULER"] == "scrapy.core.scheduler.Scheduler"
+    assert "`scrapy fetch` runs on its own" in caplog.text
