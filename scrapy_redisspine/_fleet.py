@@ -172,6 +172,9 @@ class FleetMember:
                 "timeout), but no sweep took its leases", beat.late_ms / 1000,
                 self._timeout_ms / 1000,
             )
+            # Redis (or this worker) stalled: the others' heartbeats are as late.
+            # Give them one timeout to beat again before sweeping anyone.
+            self._guard.stalled()
         self._follow_orders()
 
     def _follow_orders(self) -> None:

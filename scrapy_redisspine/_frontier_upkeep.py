@@ -122,16 +122,19 @@ class FrontierUpkeep:
         limit: int = 1000,
         rest_ms: int = 0,
         lane_rests: Mapping[str, int] | None = None,
+        as_worker: bool = False,
     ) -> SweepResult:
         """Requeue leases of silent workers and leases past the ceiling (any worker).
 
         A requeued request's lane rests ``rest_ms`` (its lane's own in ``lane_rests``),
         and at least its robots.txt Crawl-delay: the dead worker may have been
-        fetching from it.
+        fetching from it. ``as_worker``: the sweeper is a heartbeating worker of the
+        crawl; if its own heartbeat is as old as a dead one's, the whole fleet stalled
+        (a frozen Redis) and nobody is taken for dead.
         """
         args: list[str | int] = [self.epoch, timeout_ms, ceiling_ms, max_requeues, limit,
-                                 self.concurrency,
-                                 rest_ms, *_pairs(lane_rests)]
+                                 self.concurrency, rest_ms,
+                                 self.worker_id if as_worker else "", *_pairs(lane_rests)]
         requeued, dead, removed, repairs = fields(self._scripts.run("requeue_stale", args), 4)
         return SweepResult(number(requeued), number(dead), number(removed), repairs_of(repairs))
 

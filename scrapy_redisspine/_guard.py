@@ -118,6 +118,11 @@ class RedisGuard:
     def healthy_for(self) -> float:
         return self.health.healthy_for()
 
+    def stalled(self) -> None:
+        """Redis answered, but after a stall longer than a worker timeout (a frozen
+        server raises nothing): count health from now, as after an outage."""
+        self.health.restart_healthy_clock()
+
     def succeeded(self, operation: str | None = None) -> None:
         self.health.succeeded()
         if operation is not None:

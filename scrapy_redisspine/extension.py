@@ -157,6 +157,7 @@ class Recovery:
             ceiling_ms=self.config.lease_ceiling_ms,
             max_requeues=self.config.max_requeues,
             limit=_SWEEP_LIMIT,
+            as_worker=True,
             **self._rests(worker),
         )
         worker.guard.repaired("sweep", result.repairs)

@@ -49,6 +49,11 @@ class RedisHealth:
         """Seconds since Redis last answered after an outage (or since start)."""
         return 0.0 if self.down else self._clock() - self._healthy_since
 
+    def restart_healthy_clock(self) -> None:
+        """Count :meth:`healthy_for` from now (Redis stalled without failing)."""
+        if self._down_since is None:
+            self._healthy_since = self._clock()
+
     def failed(self, operation: str, exc: Exception) -> None:
         now = self._clock()
         if self._down_since is None:

@@ -31,7 +31,11 @@ ARGV[5]  limit         most leases handled in one call (bounds the call's time)
 ARGV[6]  concurrency   most requests of one lane in flight fleet-wide
 ARGV[7]  rest_ms       how long a requeued request's lane rests (the dead worker
                        may have been fetching from it), at least its Crawl-delay
-ARGV[8 ..]             pairs: lane, rest (ms) of lanes with a delay of their own
+ARGV[8]  sweeper       the sweeping worker's id ("": a tool). A sweeper whose own
+                       heartbeat is older than the timeout was frozen with the
+                       others (Redis itself stalled, or the sweeper did): nobody is
+                       taken for dead then, and the call changes nothing
+ARGV[9 ..]             pairs: lane, rest (ms) of lanes with a delay of their own
 
 Returns { requeued, dead_lettered, workers_removed, repairs }: repairs lists the
 values of crawl keys repaired (lib/numbers.lua). Every key's type is checked before
@@ -55,11 +59,18 @@ local crawl = crawl_status(record, epoch)
 if crawl ~= "ok" then
     return redis.error_reply("LOST " .. crawl) -- the crawl is gone: write nothing
 end
+local sweeper = ARGV[8]
 local lane_rests = {}
-for i = 8, #ARGV - 1, 2 do
+for i = 9, #ARGV - 1, 2 do
     lane_rests[ARGV[i]] = tonumber(ARGV[i + 1])
 end
 local now_ms = clock_ms()
+if sweeper ~= "" then
+    local own = tonumber(redis.call("ZSCORE", workers, sweeper) or "")
+    if own and own > 0 and own < now_ms - timeout_ms then
+        return { 0, 0, 0, {} } -- a stall, not deaths: every heartbeat is old
+    end
+end
 lanes_init(queue, hosts, busy, backlog, host_next, concurrency, now_ms)
 entry_init(inflight, leases, owned)
 keys_expect(workers, "zset", owned, "zset", inflight, "hash", leases, "zset", queue, "zset",

@@ -135,3 +135,31 @@ def test_running_a_finished_crawl_again_says_it_finished(
     assert f"({done.stats['redisspine/scheduler/acked']} request(s) done)" in warnings[0]
     assert "REDISSPINE_FLUSH_ON_START" in warnings[0]
     assert len(test_site.requests()) == fetched, "nothing was fetched again"
+
+
+def test_a_redis_frozen_past_the_timeout_is_no_death_of_its_workers(
+    project_dir: Path, site_factory: Callable[..., TestSite], crawl_settings: dict[str, Any],
+    worker_log_dir: Path,
+) -> None:
+    # Redis stops answering for longer than the worker timeout, then comes back with
+    # everything: every heartbeat is old, but nobody swept, so nobody was "presumed
+    # dead", and the crawl completes.
+    import os
+    import signal
+
+    site = site_factory(hosts=3, pages_per_host=30, latency=0.05)
+    with RedisServer() as server:
+        settings = {**crawl_settings, **FAST, "REDISSPINE_REDIS_URL": server.url,
+                    "LINKS_START_URLS": ",".join(site.start_urls())}
+        workers = start_workers(project_dir, "links", 2, settings, log_dir=worker_log_dir)
+        _wait_for(lambda: len(site.requests()) >= 15, 30, "the crawl to get going")
+        assert server.pid is not None
+        os.kill(server.pid, signal.SIGSTOP)
+        time.sleep(3 * FAST["REDISSPINE_WORKER_TIMEOUT_SECONDS"])
+        os.kill(server.pid, signal.SIGCONT)
+        results = wait_workers(workers, timeout=120)
+    for result in results:
+        assert (result.returncode, result.finish_reason) == (0, "finished"), result.log[-3000:]
+        assert "presumed dead" not in result.log, result.log[-3000:]
+    missing = site.all_urls() - set(site.fetch_counts())
+    assert not missing, f"{len(missing)} page(s) never fetched"

@@ -463,6 +463,28 @@ class TestHeartbeat:
         assert _sweep(frontier) == SweepResult(0, 0, 0)
 
 
+class TestStall:
+    def test_a_sweeper_as_late_as_the_others_takes_nobody_for_dead(
+        self, make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        # A frozen Redis (SIGSTOP, a long fork) raises nothing: when it comes back,
+        # every heartbeat is old, the sweeper's own too. That is a stall, not deaths.
+        worker, sweeper = make_frontier("w1"), make_frontier("w2")
+        worker.enqueue(_requests(b"a"))
+        assert len(worker.lease(1).leases) == 1
+        _silence(client, crawl_keys, "w1")
+        _silence(client, crawl_keys, "w2")
+        stalled = sweeper.upkeep.requeue_stale(
+            timeout_ms=TIMEOUT_MS, ceiling_ms=0, max_requeues=3, as_worker=True
+        )
+        assert stalled == SweepResult(0, 0, 0)
+        _beat(client, crawl_keys, "w2")
+        swept = sweeper.upkeep.requeue_stale(
+            timeout_ms=TIMEOUT_MS, ceiling_ms=0, max_requeues=3, as_worker=True
+        )
+        assert swept == SweepResult(1, 0, 1), "once the sweeper beats again, w1 is dead"
+
+
 class TestPartialSweep:
     def test_a_worker_swept_in_part_learns_it_and_the_rest_is_swept_next(
         self, make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys
@@ -1047,7 +1069,7 @@ class TestRecoveryExtension:
             {
                 "timeout_ms": 30_000, "ceiling_ms": 3_600_000, "max_requeues": 3, "limit": 1000,
                 "rest_ms": 0,
-                "lane_rests": {},
+                "lane_rests": {}, "as_worker": True,
             }
         ]
 
@@ -1078,7 +1100,7 @@ class TestRecoveryExtension:
         recovery.sweep()
         assert worker.upkeep.sweeps == [
             {"timeout_ms": 10_000, "ceiling_ms": 0, "max_requeues": 7, "limit": 1000, "rest_ms": 0,
-             "lane_rests": {}}
+             "lane_rests": {}, "as_worker": True}
         ]
 
     def test_requeued_lanes_rest_the_default_delay(self) -> None:
