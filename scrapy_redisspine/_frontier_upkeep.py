@@ -56,6 +56,7 @@ EXPECTED_TYPES = {
     "progress": b"zset",
     "record": b"hash",
     "starting": b"zset",
+    "lane_limits": b"hash",
 }
 
 

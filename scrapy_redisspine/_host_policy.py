@@ -42,14 +42,31 @@ class HostPolicy:
     ) -> None:
         self.politeness_key = config.politeness_key
         self.lane = make_lane_function(config.politeness_key)
+        # Scrapy's DOWNLOAD_SLOTS name lanes (hosts, or meta["download_slot"] values);
+        # REDISSPINE_HOST_DELAYS wins where both give a lane's delay.
+        slot_delays = {slot: delay for slot, _, delay in config.download_slots if delay >= 0}
         self.delays = DelayPolicy(
-            config.download_delay, dict(config.host_delays), config.download_delay_jitter,
-            config.max_crawl_delay_seconds,
+            config.download_delay, {**slot_delays, **dict(config.host_delays)},
+            config.download_delay_jitter, config.max_crawl_delay_seconds,
         )
+        self.lane_limits = {slot: limit for slot, limit, _ in config.download_slots if limit}
         self._frontier = frontier
         self._guard = guard
         self._book = book
         self._stats = stats
+
+    def lane_of(self, request: Request) -> str:
+        """A request's politeness lane: its ``meta["download_slot"]`` if it has one
+        (Scrapy's own way to share a slot), else its host (or domain)."""
+        slot = request.meta.get("download_slot")
+        if isinstance(slot, str) and slot:
+            return slot.replace("\0", "?")  # NUL ends a lane in a queue member
+        return self.lane(request.url)
+
+    def share_lane_limits(self) -> None:
+        """Tell the fleet the lanes that have a concurrency of their own."""
+        if self.lane_limits:
+            self._frontier.set_lane_limits(self.lane_limits)
 
     def take_over_download_delay(self, spider: Spider) -> None:
         """The fleet enforces DOWNLOAD_DELAY per lane; Scrapy's per-process delay

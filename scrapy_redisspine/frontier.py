@@ -57,7 +57,7 @@ from scrapy_redisspine.members import (
 from scrapy_redisspine.scripts import ScriptSet
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Sequence
+    from collections.abc import Iterable, Mapping, Sequence
 
     from scrapy_redisspine.keys import CrawlKeys
 
@@ -294,6 +294,11 @@ class Frontier:
         a full Redis)."""
         found = self.client.smismember(self.keys.starts, list(fingerprints))
         return [bool(flag) for flag in found]  # type: ignore[union-attr]
+
+    def set_lane_limits(self, limits: Mapping[str, int]) -> None:
+        """Share the lanes that have a concurrency of their own (Scrapy's
+        ``DOWNLOAD_SLOTS``) with the fleet: the scripts read them (lib/lanes.lua)."""
+        self.client.hset(self.keys.lane_limits, mapping=dict(limits))  # type: ignore[arg-type]
 
     def set_crawl_delay(self, lane: str, seconds: float) -> None:
         """Share a lane's robots.txt Crawl-delay with the fleet."""

@@ -32,6 +32,7 @@ key                        type    written by                      lifetime
 ``P:{C}:progress``         ZSET    workers (Recovery extension)    last 5 minutes
 ``P:{C}:record``           HASH    register, mark_finished, purge  whole crawl
 ``P:{C}:starting``         ZSET    register, heartbeat             while start() runs
+``P:{C}:lane_limits``      HASH    workers (DOWNLOAD_SLOTS)         whole crawl
 ``P:crawls``               SET     register (script)               until purged
 =========================  ======  ==============================  =====================
 
@@ -79,6 +80,9 @@ key                        type    written by                      lifetime
   so running workers learn that it was a purge.
 - ``starting``: worker id -> last heartbeat (ms) of each worker whose spider still
   produces start requests; the crawl is not finished while a live one is listed.
+- ``lane_limits``: lane -> the most requests of that lane in flight fleet-wide, for
+  lanes with a limit of their own (Scrapy's ``DOWNLOAD_SLOTS`` concurrency); others
+  take ``REDISSPINE_HOST_CONCURRENCY``.
 - ``P:crawls`` is the one key outside a crawl's hash tag: the set of crawl ids on this
   Redis, so tools can list crawls without ``KEYS``. Only ``register`` writes it, as a
   separate command (never inside a multi-key script).
@@ -204,6 +208,10 @@ class CrawlKeys:
         return self._key("starting")
 
     @property
+    def lane_limits(self) -> str:
+        return self._key("lane_limits")
+
+    @property
     def crawls(self) -> str:
         """The registry of crawl ids: shared by all crawls under this prefix."""
         return f"{self.prefix}:crawls"
@@ -234,4 +242,5 @@ class CrawlKeys:
             self.progress,
             self.record,
             self.starting,
+            self.lane_limits,
         )

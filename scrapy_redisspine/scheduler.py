@@ -173,6 +173,10 @@ class Scheduler(BaseScheduler):
         self._assemble(spider)
         self.hosts.take_over_download_delay(spider)
         try:
+            self.hosts.share_lane_limits()
+        except redis.RedisError as exc:
+            self.guard.failed("lane_limits", exc)
+        try:
             if isinstance(self.df, RedisDupeFilter):
                 self.df.bind(self.frontier)
             self.df.open()
@@ -347,7 +351,7 @@ class Scheduler(BaseScheduler):
             request.priority,
             dont_filter=request.dont_filter or not self._remote_dedup,
             is_start=is_start,
-            lane=self.hosts.lane(request.url),
+            lane=self.hosts.lane_of(request),
         )
         self.outbox.add(entry, request, self.config.enqueue_flush_seconds)
         return True

@@ -10,6 +10,7 @@ from a plain mapping.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -29,7 +30,7 @@ from scrapy_redisspine._settings_checks import (
 from scrapy_redisspine._settings_compat import Layered, foreign_values
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
+    from collections.abc import Callable
 
 __all__ = [
     "DEFAULTS", "SETTINGS", "ConfigError", "Setting", "SpineConfig", "known_names", "load_config",
@@ -208,7 +209,8 @@ class SpineConfig:
 
     No field has a default: the defaults live in :data:`SETTINGS`, and a second copy
     here could drift from it. The fields follow the declarations one to one, besides
-    ``download_delay`` and ``download_delay_jitter``, read from Scrapy's own settings.
+    ``download_delay``, ``download_delay_jitter`` and ``download_slots``, read from
+    Scrapy's own settings.
     Redis scripts count time in whole milliseconds; the ``*_ms`` properties convert
     once, here, so every caller rounds alike.
     """
@@ -252,6 +254,8 @@ class SpineConfig:
     dedup_extra_tracking_params: tuple[str, ...]
     download_delay: float
     download_delay_jitter: float
+    #: Scrapy's DOWNLOAD_SLOTS: (slot, its concurrency or 0, its delay or -1)
+    download_slots: tuple[tuple[str, int, float], ...]
 
     @property
     def worker_timeout_ms(self) -> int:
@@ -275,6 +279,7 @@ def load_config(settings: Mapping[str, Any]) -> SpineConfig:
     if values["redis_url"] is None:
         values["redis_url"] = as_redis_url("REDIS_URL", settings.get("REDIS_URL"))
     values.update(_download_delay(settings))
+    values["download_slots"] = _download_slots(settings.get("DOWNLOAD_SLOTS"))
     config = SpineConfig(**values)
     _check_bloom_plan(config)
     _check_migration_chunk(config)
@@ -301,6 +306,36 @@ def _download_delay(settings: Mapping[str, Any]) -> dict[str, float]:
         "download_delay": as_number("DOWNLOAD_DELAY", 0 if delay is None else delay, float, 0),
         "download_delay_jitter": as_number("DOWNLOAD_DELAY_JITTER", jitter, float, 0),
     }
+
+
+def _download_slots(slots: Any) -> tuple[tuple[str, int, float], ...]:
+    """Scrapy's ``DOWNLOAD_SLOTS`` (slot -> concurrency, delay): lanes of their own,
+    fleet-wide. (``randomize_delay`` is left to the fleet's jitter rule.)"""
+    if not slots:
+        return ()
+    if isinstance(slots, str):
+        import json
+
+        try:
+            slots = json.loads(slots)
+        except ValueError:
+            raise ConfigError(f"DOWNLOAD_SLOTS must be a dict, got {slots!r}") from None
+    if not isinstance(slots, Mapping):
+        raise ConfigError(f"DOWNLOAD_SLOTS must be a dict, got {slots!r}")
+    parsed = []
+    for slot, spec in slots.items():
+        if not isinstance(spec, Mapping):
+            raise ConfigError(f"DOWNLOAD_SLOTS[{slot!r}] must be a dict, got {spec!r}")
+        concurrency = spec.get("concurrency")
+        delay = spec.get("delay")
+        parsed.append((
+            str(slot),
+            0 if concurrency is None else as_number(
+                f"DOWNLOAD_SLOTS[{slot!r}]['concurrency']", concurrency, int, 1),
+            -1.0 if delay is None else as_number(
+                f"DOWNLOAD_SLOTS[{slot!r}]['delay']", delay, float, 0),
+        ))
+    return tuple(parsed)
 
 
 def _check_bloom_plan(config: SpineConfig) -> None:

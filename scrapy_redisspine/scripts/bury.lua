@@ -17,6 +17,7 @@ KEYS[10] host_next HASH   (lib/lanes.lua)
 KEYS[11] queue     ZSET   (lib/lanes.lua: a lane's backlog count is counted again
                           from it if it holds no count)
 KEYS[12] record    HASH   the crawl record: writes only while it is the caller's crawl
+KEYS[13] lane_limits HASH lane -> its own most in flight (lib/lanes.lua)
 
 ARGV[1]  epoch        the caller's crawl epoch ("": a tool, no check; lib/crawl.lua)
 ARGV[2]  owner        worker id
@@ -40,6 +41,7 @@ local inflight, leases, dead, stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local owned, requeues = KEYS[5], KEYS[6]
 local hosts, busy, backlog, host_next, queue = KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11]
 local record = KEYS[12]
+local lane_limits = KEYS[13]
 local epoch, owner, key, token = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local reason = string.gsub(ARGV[5], "\n", " ")
 local concurrency = tonumber(ARGV[6])
@@ -47,7 +49,7 @@ local crawl = crawl_status(record, epoch)
 if crawl ~= "ok" then
     return redis.error_reply("LOST " .. crawl) -- the crawl is gone: write nothing
 end
-lanes_init(queue, hosts, busy, backlog, host_next, concurrency, clock_ms())
+lanes_init(queue, hosts, busy, backlog, host_next, concurrency, clock_ms(), lane_limits)
 entry_init(inflight, leases, owned)
 
 local member = fenced_member(key, owner, token)

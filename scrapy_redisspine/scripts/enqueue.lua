@@ -22,6 +22,7 @@ KEYS[13] busy      HASH   lane -> requests in flight          (lib/lanes.lua)
 KEYS[14] backlog   HASH   lane -> requests queued             (lib/lanes.lua)
 KEYS[15] host_next HASH   lane -> earliest next fetch (ms)    (lib/lanes.lua)
 KEYS[16] record    HASH   the crawl record: writes only while it is the caller's crawl
+KEYS[17] lane_limits HASH lane -> its own most in flight (lib/lanes.lua)
 
 ARGV[1]  epoch        the caller's crawl epoch ("": a tool, no check; lib/crawl.lua)
 ARGV[2]  order        "fifo" or "lifo"
@@ -61,6 +62,7 @@ local inflight, leases, stats = KEYS[5], KEYS[6], KEYS[7]
 local owned, requeues = KEYS[10], KEYS[11]
 local hosts, busy, backlog, host_next = KEYS[12], KEYS[13], KEYS[14], KEYS[15]
 local seen, dedup, bloom, record = KEYS[3], KEYS[8], KEYS[9], KEYS[16]
+local lane_limits = KEYS[17]
 local epoch, order, owner = ARGV[1], ARGV[2], ARGV[3]
 local n_acks, concurrency, backlog_cap = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local first_request = 7 + 3 * n_acks
@@ -71,7 +73,7 @@ end
 local n_requests = (#ARGV - first_request + 1) / 5
 -- First: a corrupt dedup HASH or a key of the wrong type fails before any write (seq
 -- is repaired whatever it holds, lib/numbers.lua).
-lanes_init(queue, hosts, busy, backlog, host_next, concurrency, clock_ms())
+lanes_init(queue, hosts, busy, backlog, host_next, concurrency, clock_ms(), lane_limits)
 local any_requeues = n_acks > 0 and key_exists(requeues, "hash")
 if n_acks > 0 then
     keys_expect(leases, "zset", owned, "zset") -- the lanes' HASHes: read before the acks

@@ -29,6 +29,7 @@ KEYS[11] backlog   HASH   lane -> requests queued             (lib/lanes.lua)
 KEYS[12] host_next HASH   lane -> earliest next fetch (ms)    (lib/lanes.lua)
 KEYS[13] host_delay HASH  lane -> Crawl-delay (s) learned from robots.txt
 KEYS[14] record    HASH   the crawl record: writes only while it is the caller's crawl
+KEYS[15] lane_limits HASH lane -> its own most in flight (lib/lanes.lua)
 
 ARGV[1]  epoch        the caller's crawl epoch ("": a tool, no check; lib/crawl.lua)
 ARGV[2]  owner        worker id
@@ -59,13 +60,14 @@ local queue, inflight, leases, stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local dead, seq, owned, requeues = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local hosts, busy, backlog, host_next, host_delay = KEYS[9], KEYS[10], KEYS[11], KEYS[12], KEYS[13]
 local record = KEYS[14]
+local lane_limits = KEYS[15]
 local epoch, owner, count, concurrency = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local crawl = crawl_status(record, epoch)
 if crawl ~= "ok" then
     return redis.error_reply("LOST " .. crawl) -- the crawl is gone: write nothing
 end
 local now_ms = clock_ms()
-lanes_init(queue, hosts, busy, backlog, host_next, concurrency, now_ms)
+lanes_init(queue, hosts, busy, backlog, host_next, concurrency, now_ms, lane_limits)
 
 local members, requeued, delays = {}, {}, {}
 -- Usually both are empty: checked once per call (then one HMGET each, see below).
@@ -92,12 +94,13 @@ end
 local function pick(due)
     local picked = {} -- { lane, member } in lease order
     local busy_of = hmget_in_chunks(busy, due)
+    local limit_of = lanes_limit_of(due)
     for i, lane in ipairs(due) do
         if count <= #picked then
             break
         end
         -- A busy count that is no count: lanes_write repairs it (this lane gets there).
-        local want = math.min(concurrency - (count_of(busy_of[i]) or 0), count - #picked)
+        local want = math.min(limit_of[lane] - (count_of(busy_of[i]) or 0), count - #picked)
         if want <= 0 then
             host_schedule(lane) -- workers disagree on the concurrency: wait for a slot
         else

@@ -14,6 +14,7 @@ KEYS[7]  busy      HASH   (lib/lanes.lua)
 KEYS[8]  backlog   HASH   (lib/lanes.lua)
 KEYS[9]  host_next HASH   (lib/lanes.lua)
 KEYS[10] record    HASH   the crawl record: writes only while it is the caller's crawl
+KEYS[11] lane_limits HASH lane -> its own most in flight (lib/lanes.lua)
 
 ARGV[1]  epoch        the caller's crawl epoch ("": a tool, no check; lib/crawl.lua)
 ARGV[2]  owner        worker id
@@ -34,12 +35,13 @@ Every key's type is checked before the first write.
 local queue, inflight, leases, stats, owned = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local hosts, busy, backlog, host_next = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
 local record = KEYS[10]
+local lane_limits = KEYS[11]
 local epoch, owner, concurrency = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local crawl = crawl_status(record, epoch)
 if crawl ~= "ok" then
     return redis.error_reply("LOST " .. crawl) -- the crawl is gone: write nothing
 end
-lanes_init(queue, hosts, busy, backlog, host_next, concurrency, clock_ms())
+lanes_init(queue, hosts, busy, backlog, host_next, concurrency, clock_ms(), lane_limits)
 entry_init(inflight, leases, owned)
 keys_expect(queue, "zset", inflight, "hash", leases, "zset", owned, "zset", hosts, "zset",
             busy, "hash", backlog, "hash", host_next, "hash")

@@ -16,6 +16,7 @@ KEYS[9]  host_next HASH   (lib/lanes.lua)
 KEYS[10] dead      HASH   dead letters: order key -> reason \n entry (in-flight entries
                           that are not "owner \n token \n member")
 KEYS[11] record    HASH   the crawl record: writes only while it is the caller's crawl
+KEYS[12] lane_limits HASH lane -> its own most in flight (lib/lanes.lua)
 
 ARGV[1]  epoch        the caller's crawl epoch ("": a tool, no check; lib/crawl.lua)
 ARGV[2]  owner        worker id
@@ -37,12 +38,13 @@ write.
 local owned, inflight, leases, queue, stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local hosts, busy, backlog, host_next, dead = KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
 local record = KEYS[11]
+local lane_limits = KEYS[12]
 local epoch, owner, limit, concurrency = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local crawl = crawl_status(record, epoch)
 if crawl ~= "ok" then
     return redis.error_reply("LOST " .. crawl) -- the crawl is gone: write nothing
 end
-lanes_init(queue, hosts, busy, backlog, host_next, concurrency, clock_ms())
+lanes_init(queue, hosts, busy, backlog, host_next, concurrency, clock_ms(), lane_limits)
 entry_init(inflight, leases, owned)
 keys_expect(owned, "zset", inflight, "hash", leases, "zset", queue, "zset", hosts, "zset",
             busy, "hash", backlog, "hash", host_next, "hash", dead, "hash")

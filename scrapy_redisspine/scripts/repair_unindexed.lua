@@ -32,6 +32,7 @@ KEYS[11] backlog   HASH   (lib/lanes.lua)
 KEYS[12] host_next HASH   (lib/lanes.lua)
 KEYS[13] host_delay HASH  lane -> Crawl-delay (s) learned from robots.txt
 KEYS[14] record    HASH   the crawl record: writes only while it is the caller's crawl
+KEYS[15] lane_limits HASH lane -> its own most in flight (lib/lanes.lua)
 
 ARGV[1]  epoch        the caller's crawl epoch ("": a tool, no check; lib/crawl.lua)
 ARGV[2]  cursor        "0" to start a pass, else the cursor the last step returned
@@ -59,6 +60,7 @@ local inflight, leases, owned, workers = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local queue, dead, requeues, stats = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local hosts, busy, backlog, host_next, host_delay = KEYS[9], KEYS[10], KEYS[11], KEYS[12], KEYS[13]
 local record = KEYS[14]
+local lane_limits = KEYS[15]
 local epoch, cursor, limit, timeout_ms = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local max_requeues, concurrency, rest_ms = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local crawl = crawl_status(record, epoch)
@@ -70,7 +72,7 @@ for i = 8, #ARGV - 1, 2 do
     lane_rests[ARGV[i]] = tonumber(ARGV[i + 1])
 end
 local now_ms = clock_ms()
-lanes_init(queue, hosts, busy, backlog, host_next, concurrency, now_ms)
+lanes_init(queue, hosts, busy, backlog, host_next, concurrency, now_ms, lane_limits)
 entry_init(inflight, leases, owned)
 requeue_init(queue, requeues, dead, host_delay, max_requeues, rest_ms, lane_rests)
 keys_expect(inflight, "hash", leases, "zset", owned, "zset", workers, "zset", queue, "zset",

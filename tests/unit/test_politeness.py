@@ -1166,3 +1166,52 @@ class TestWakeWhenDue:
         scheduler.wake()
         assert scheduler.next_request() is None
         assert len(leases) == 2, "woken: leases again at once"
+
+
+class TestDownloadSlots:
+    """Scrapy's DOWNLOAD_SLOTS and meta["download_slot"] are lanes, fleet-wide."""
+
+    def test_a_slot_of_its_own_gets_its_concurrency_across_workers(
+        self, make_scheduler: MakeScheduler, client: redis.Redis
+    ) -> None:
+        slots = {"wide.example": {"concurrency": 3}}
+        first = make_scheduler("w1", DOWNLOAD_SLOTS=slots, free_slots=5)
+        second = make_scheduler("w2", DOWNLOAD_SLOTS=slots, free_slots=5)
+        for i in range(6):
+            first.enqueue_request(Request(f"http://wide.example/{i}"))
+            first.enqueue_request(Request(f"http://narrow.example/{i}"))
+        assert first.outbox.try_flush()
+        taken = [request for scheduler in (first, second)
+                 for request in iter(lambda s=scheduler: next_request(s, 2), None)]
+        hosts = Counter(request.url.split("/")[2] for request in taken)
+        assert hosts == {"wide.example": 3, "narrow.example": 1}, "3 wide, 1 by default"
+        assert client.hgetall(KEYS.lane_limits) == {b"wide.example": b"3"}
+
+    def test_a_slot_delay_rests_its_lane(
+        self, make_scheduler: MakeScheduler, client: redis.Redis
+    ) -> None:
+        scheduler = make_scheduler(DOWNLOAD_SLOTS={"slow.example": {"delay": 60}})
+        scheduler.enqueue_request(Request("http://slow.example/1"))
+        request = next_request(scheduler)
+        assert request is not None
+        before = _server_ms(client)
+        finish(scheduler, request)
+        assert scheduler.outbox.try_flush()
+        assert int(client.hget(KEYS.host_next, "slow.example")) >= before + 60_000
+
+    def test_meta_download_slot_names_the_lane(
+        self, make_scheduler: MakeScheduler, client: redis.Redis
+    ) -> None:
+        scheduler = make_scheduler(free_slots=5)
+        for host in ("a.example", "b.example"):
+            scheduler.enqueue_request(Request(f"http://{host}/", meta={"download_slot": "shared"}))
+        assert next_request(scheduler) is not None
+        assert next_request(scheduler, 2) is None, "one slot: the two hosts share it"
+        assert client.hgetall(KEYS.busy) == {b"shared": b"1"}
+
+    @pytest.mark.parametrize("slots", [
+        {"a": 3}, {"a": {"concurrency": 0}}, {"a": {"delay": -1}}, "not json",
+    ])
+    def test_bad_slots_are_refused_naming_the_setting(self, slots: Any) -> None:
+        with pytest.raises(ConfigError, match="DOWNLOAD_SLOTS"):
+            load_config({"DOWNLOAD_SLOTS": slots})

@@ -66,6 +66,7 @@ def test_defaults() -> None:
         "dedup_extra_tracking_params": (),
         "download_delay": 0.0,
         "download_delay_jitter": 0.5,
+        "download_slots": (),
     }
 
 
@@ -107,6 +108,7 @@ def test_a_setting_reads_its_value_or_its_default_through_its_check() -> None:
 FROM_SCRAPY_SETTINGS = {
     "download_delay": "DOWNLOAD_DELAY",
     "download_delay_jitter": "DOWNLOAD_DELAY_JITTER",  # or RANDOMIZE_DOWNLOAD_DELAY
+    "download_slots": "DOWNLOAD_SLOTS",
 }
 
 

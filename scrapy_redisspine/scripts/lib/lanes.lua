@@ -5,7 +5,7 @@ lanes a lease, an ack batch or an enqueue batch touches; the single-lane helpers
 the end use the same code.
 Includes batch, member, numbers. Needs lanes_init called first (by the script).
 
-lanes_init(queue, hosts, busy, backlog, host_next, concurrency, now_ms)
+lanes_init(queue, hosts, busy, backlog, host_next, concurrency, now_ms, limits)
   queue        ZSET  the crawl's queue (a lane's requests are one lex range of it)
   hosts        ZSET  lane -> time (ms) it may next be leased; holds exactly the lanes
                      with queued requests and a free slot
@@ -15,6 +15,10 @@ lanes_init(queue, hosts, busy, backlog, host_next, concurrency, now_ms)
                      fetch + delay, or a Retry-After block)
   concurrency  number, most requests of one lane in flight fleet-wide
   now_ms       number, the script's clock_ms() (one reading per script call)
+  limits       HASH  lane -> its own most in flight (Scrapy's DOWNLOAD_SLOTS), instead
+                     of concurrency; read only when it exists (usually it does not)
+
+lanes_limit_of(lanes) -> lane -> most requests of that lane in flight fleet-wide
 
 lanes_update(lanes, d_busy, d_backlog, rests, nx)
   lanes      the distinct lanes touched, in the order to handle them
@@ -46,14 +50,27 @@ absent (the lane is due).
 -- #include numbers
 -- Kept in upvalues: read on every lane of every batch, cheaper than a table's fields.
 local lanes_queue, lanes_hosts, lanes_busy, lanes_backlog, lanes_next
-local lanes_concurrency, lanes_now
+local lanes_concurrency, lanes_now, lanes_limits
 
-local function lanes_init(queue, hosts, busy, backlog, host_next, concurrency, now_ms)
-    if not (queue and hosts and busy and backlog and host_next and concurrency and now_ms) then
+local function lanes_init(queue, hosts, busy, backlog, host_next, concurrency, now_ms, limits)
+    if not (queue and hosts and busy and backlog and host_next and concurrency and now_ms
+            and limits) then
         error("lanes_init: a key or number is missing")
     end
     lanes_queue, lanes_hosts, lanes_busy, lanes_backlog = queue, hosts, busy, backlog
     lanes_next, lanes_concurrency, lanes_now = host_next, concurrency, now_ms
+    -- Usually no lane has a limit of its own: then no HMGET of it per batch.
+    lanes_limits = redis.call("EXISTS", limits) == 1 and limits or nil
+end
+
+local function lanes_limit_of(lanes)
+    local limit_of = {}
+    local raw = lanes_limits and #lanes > 0 and hmget_in_chunks(lanes_limits, lanes) or {}
+    for i, lane in ipairs(lanes) do
+        local limit = count_of(raw[i])
+        limit_of[lane] = (limit and limit > 0) and limit or lanes_concurrency
+    end
+    return limit_of
 end
 
 local function lane_queued(lane)
@@ -69,11 +86,11 @@ end
 
 local function lanes_read(lanes)
     return { hmget_in_chunks(lanes_busy, lanes), hmget_in_chunks(lanes_backlog, lanes),
-             hmget_in_chunks(lanes_next, lanes) }
+             hmget_in_chunks(lanes_next, lanes), lanes_limit_of(lanes) }
 end
 
 local function lanes_write(lanes, read, d_busy, d_backlog, rests, nx)
-    local busy_of, backlog_of, next_of = read[1], read[2], read[3]
+    local busy_of, backlog_of, next_of, limit_of = read[1], read[2], read[3], read[4]
     local busy_set, busy_del, backlog_set, backlog_del = {}, {}, {}, {}
     local next_set, next_del, due, not_due = {}, {}, {}, {}
     for i, lane in ipairs(lanes) do
@@ -120,7 +137,7 @@ local function lanes_write(lanes, read, d_busy, d_backlog, rests, nx)
                 backlog_set[#backlog_set + 1] = lane
                 backlog_set[#backlog_set + 1] = queued
             end
-            if in_flight >= lanes_concurrency then
+            if in_flight >= limit_of[lane] then
                 -- The release of a slot puts it back. With nx (new requests only) a
                 -- lane already due stays: this caller's concurrency (a push from
                 -- outside the crawl, say) may not be the crawl's.
