@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING
 import redis
 
 from scrapy_redisspine._guard import CALL_ERRORS
+from scrapy_redisspine._local import marker_reason
+from scrapy_redisspine.request_codec import RequestDecodeError
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -28,6 +30,7 @@ if TYPE_CHECKING:
     from scrapy_redisspine._engine import EnginePort
     from scrapy_redisspine._guard import RedisGuard
     from scrapy_redisspine._leasebook import LeaseBook
+    from scrapy_redisspine._local import LocalQueue
     from scrapy_redisspine._outbox import Outbox
     from scrapy_redisspine.frontier import Frontier, Lease, LeaseBatch
     from scrapy_redisspine.request_codec import RequestCodec
@@ -51,6 +54,7 @@ class Leaser:
         book: LeaseBook,
         guard: RedisGuard,
         codec: RequestCodec,
+        local: LocalQueue,
         engine: EnginePort | None,
         stats: StatsCollector,
         clock: Clock,
@@ -68,6 +72,7 @@ class Leaser:
         self._counted = counted
         self._crawl_delay_learned = crawl_delay_learned
         self._codec = codec
+        self._local = local
         self._engine = engine
         self._stats = stats
         self._clock = clock
@@ -122,7 +127,7 @@ class Leaser:
                 self._guard.failed("lease", exc)
                 return False
             if batch is None:
-                return False
+                return self._lease_local()
             self._guard.succeeded("lease")
             if sent:  # else the outbox keeps its back-off; the leases are ours
                 self._guard.succeeded("enqueue")
@@ -132,13 +137,35 @@ class Leaser:
             self._guard.repaired("lease", batch.repairs)
             if not batch.leases and not batch.malformed:
                 self._last_empty_lease = now
-                return False
+                return self._lease_local()
             self._stats.inc_value("redisspine/scheduler/leased", len(batch.leases))
             for lease in batch.leases:
                 self._accept(lease)
             # Loop only when everything leased was dead-lettered and work remains.
             if not batch.queued:
                 break
+        return bool(self._book.ready) or self._lease_local()
+
+    def _lease_local(self) -> bool:
+        """Take lane slots for requests kept in this worker's memory (they are not
+        in the queue): one script call per lane that has any, at most a batch."""
+        if not len(self._local) or not self._guard.available("take_slot"):
+            return bool(self._book.ready)
+        for lane in self._local.lanes()[: self._batch_size]:
+            request, payload = self._local.first(lane)
+            try:
+                lease, wait_ms, repairs = self._frontier.take_slot(
+                    lane, request.priority, payload
+                )
+            except CALL_ERRORS as exc:
+                self._guard.failed("take_slot", exc)
+                break
+            self._guard.repaired("take_slot", repairs)
+            if lease is None:
+                self.wake_when_due(wait_ms or int(self._idle_poll_seconds * 1000))
+                continue
+            self._book.add(self._local.taken(lane, lease.key), lease.handle, lane)
+            self._stats.inc_value("redisspine/scheduler/leased_local")
         return bool(self._book.ready)
 
     def _sending(self) -> bool:
@@ -188,6 +215,9 @@ class Leaser:
     def _accept(self, lease: Lease) -> None:
         handle = lease.handle
         try:
+            lost = marker_reason(lease.payload)
+            if lost is not None:
+                raise RequestDecodeError(lost)
             request = self._outbox.cached(lease.payload)
             if request is None:
                 request = self._codec.decode(lease.payload)

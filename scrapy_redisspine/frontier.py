@@ -43,7 +43,11 @@ from scrapy_redisspine._results import (
     UnindexedResult,
     count_result,
     enqueue_result,
+    fields,
     lease_batch,
+    number,
+    repairs_of,
+    text,
 )
 from scrapy_redisspine._results import fleet_counts as read_fleet_counts
 from scrapy_redisspine._results import heartbeat as read_heartbeat
@@ -294,6 +298,21 @@ class Frontier:
         a full Redis)."""
         found = self.client.smismember(self.keys.starts, list(fingerprints))
         return [bool(flag) for flag in found]  # type: ignore[union-attr]
+
+    def take_slot(
+        self, lane: str, priority: int, payload: bytes
+    ) -> tuple[Lease | None, int, Repairs]:
+        """Lease one of ``lane``'s slots for a request kept in this worker's memory
+        (``payload``: its marker, see ``_local``): (the lease or None, ms until the
+        lane is due (0: wait for a free slot), repairs)."""
+        reply = self._scripts.run("take_slot", [
+            self.epoch, self.worker_id, self.concurrency, lane, priority_key(priority),
+            payload,
+        ])
+        key, token, wait_ms, repairs = fields(reply, 4)
+        lease = (Lease(text(key), str(number(token)), payload, 0, lane) if text(key)
+                 else None)
+        return lease, number(wait_ms), repairs_of(repairs)
 
     def set_lane_limits(self, limits: Mapping[str, int]) -> None:
         """Share the lanes that have a concurrency of their own (Scrapy's

@@ -55,6 +55,7 @@ from scrapy_redisspine._joining import (
 )
 from scrapy_redisspine._leasebook import LeaseBook
 from scrapy_redisspine._leasing import Leaser
+from scrapy_redisspine._local import LocalQueue
 from scrapy_redisspine._outbox import Outbox
 from scrapy_redisspine._settings_compat import notices
 from scrapy_redisspine._starts import StartRegistry
@@ -211,9 +212,10 @@ class Scheduler(BaseScheduler):
             worker_timeout_ms=config.worker_timeout_ms, wake=self.wake,
             flush=self.outbox.try_flush, crawl_gone=self._crawl_gone,
         )
+        self.local = LocalQueue(self.worker_id, stats)
         self.leaser = Leaser(
             frontier=self.frontier, outbox=self.outbox, book=self.book, guard=self.guard,
-            codec=self.codec, engine=self.engine, stats=stats, clock=clock,
+            codec=self.codec, local=self.local, engine=self.engine, stats=stats, clock=clock,
             batch_size=config.lease_batch_size, idle_poll_seconds=config.idle_poll_seconds,
             counted=self.fleet.counted, crawl_delay_learned=self.hosts.learned_from_lease,
         )
@@ -315,6 +317,18 @@ class Scheduler(BaseScheduler):
 
     def _release_unstarted(self) -> None:
         handles = self.book.take_all()
+        lost = self.local.lost()
+        local = [handle for handle in handles if handle[0] in self.local.keys]
+        if lost or local:
+            logger.error(
+                "redisspine: %d request(s) that could not be stored in Redis are lost with "
+                "this worker (they lived in its memory only)", lost + len(local),
+            )
+            self.stats.inc_value("redisspine/scheduler/local_lost", lost + len(local))
+        for handle in local:  # their markers go to the dead letters, with the reason
+            self.frontier.bury(handle, "this worker closed before it fetched the request "
+                                       "it held in memory (it could not be stored)")
+        handles = [handle for handle in handles if handle[0] not in self.local.keys]
         if handles:
             released = self.frontier.release(handles)
             self.guard.repaired("release", released.repairs)
@@ -332,9 +346,11 @@ class Scheduler(BaseScheduler):
         try:
             payload = self.codec.encode(request)
         except RequestEncodeError as exc:
-            logger.error("redisspine: %s", exc, extra={"spider": self.spider})
+            # Not dropped (Scrapy's own scheduler keeps such a request in memory too).
             self.stats.inc_value("redisspine/scheduler/unserializable")
-            return False
+            self.local.add(request, self.hosts.lane_of(request), str(exc))
+            self.wake()
+            return True
         is_start = self.starts.is_start(request)
         if self.guard.memory_pressure and not (is_start or request.dont_filter):
             self.outbox.shed(request)
@@ -375,7 +391,7 @@ class Scheduler(BaseScheduler):
         if self._refused is not None:
             self._close_refused()
             return True  # until it closes with its reason, never as "finished"
-        if not self.outbox.empty or self.book.ready or self.config.keep_alive:
+        if not self.outbox.empty or self.book.ready or self.config.keep_alive or len(self.local):
             return True
         if self.fleet.orders.stop_leasing:
             return True  # paused: wait for resume; draining: the heartbeat closes
@@ -390,7 +406,7 @@ class Scheduler(BaseScheduler):
         leased here but not started, and enqueued here but not yet sent."""
         if self._refused is not None or not self._opened:
             return 0
-        return self.fleet.queued + self.book.ready + len(self.outbox)
+        return self.fleet.queued + self.book.ready + len(self.outbox) + len(self.local)
 
     # -- what the parts tell each other ------------------------------------------
 
@@ -403,6 +419,7 @@ class Scheduler(BaseScheduler):
         finished = self.book.finish(request)
         if finished is None:
             return  # not ours: e.g. robots.txt fetched through engine.download()
+        self.local.keys.discard(finished.handle[0])
         self.outbox.add_ack(
             finished.handle, self.hosts.rest_ms(finished), self.config.ack_flush_seconds
         )

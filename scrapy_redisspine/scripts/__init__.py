@@ -68,6 +68,7 @@ SCRIPT_NAMES = (
     "purge",
     "fleet_counts",
     "record_progress",
+    "take_slot",
 )
 
 __all__ = [

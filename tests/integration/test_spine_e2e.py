@@ -110,7 +110,12 @@ def test_garbage_and_unstorable_requests_are_reported_and_the_crawl_goes_on(
     logs = "\n".join(r.log for r in results)
     assert "moved to dead letters" in logs
     assert "meta['handle'] holds a object" in logs
+    assert "kept in this worker's memory" in logs
     assert sum(r.stats.get("redisspine/scheduler/unserializable", 0) for r in results) >= 1
+    unstorable = [entry["host"] for entry in test_site.requests()
+                  if entry["path"] == "/unstorable"]
+    assert unstorable, "kept and fetched, not dropped"
+    assert len(unstorable) == len(set(unstorable)), "each (one per host) fetched once"
     [dead] = real_redis.hvals(fleet.keys.dead)
     assert dead.startswith(b"malformed queue member")
 

@@ -157,28 +157,29 @@ def test_duplicate_is_filtered_across_workers(make_scheduler: MakeScheduler) -> 
     assert len(drain(first)) + len(drain(second)) == 1
 
 
-def test_unserializable_meta_is_refused_and_the_crawl_goes_on(
+def test_unserializable_meta_is_kept_here_and_the_crawl_goes_on(
     scheduler: Scheduler, caplog: pytest.LogCaptureFixture
 ) -> None:
-    bad = Request("http://example.com/bad", meta={"culprit": object()})
-    with caplog.at_level(logging.ERROR, logger="scrapy_redisspine"):
-        assert scheduler.enqueue_request(bad) is False
+    bad = Request("http://bad.example/", meta={"culprit": object()})
+    with caplog.at_level(logging.WARNING, logger="scrapy_redisspine"):
+        assert scheduler.enqueue_request(bad), "kept in memory, as Scrapy's scheduler does"
     assert _stat(scheduler, "redisspine/scheduler/unserializable") == 1
-    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
-    assert len(errors) == 1
-    assert "meta['culprit']" in errors[0].getMessage()
-    assert "http://example.com/bad" in errors[0].getMessage()
+    (warning,) = [r.getMessage() for r in caplog.records]
+    assert "meta['culprit']" in warning
+    assert "http://bad.example/" in warning
+    assert "kept in this worker's memory" in warning
 
     assert scheduler.enqueue_request(Request("http://example.com/good"))
-    out = scheduler.next_request()
-    assert out is not None
-    assert out.url == "http://example.com/good"
+    got = {request.url: request for request in drain(scheduler)}
+    assert set(got) == {"http://example.com/good", "http://bad.example/"}
+    assert got["http://bad.example/"] is bad
 
 
-def test_lambda_callback_is_refused(scheduler: Scheduler) -> None:
+def test_lambda_callback_is_kept_here(scheduler: Scheduler) -> None:
     request = Request("http://example.com/", callback=lambda response: None)
-    assert scheduler.enqueue_request(request) is False
+    assert scheduler.enqueue_request(request)
     assert _stat(scheduler, "redisspine/scheduler/unserializable") == 1
+    assert drain(scheduler) == [request]
 
 
 # -- several workers ------------------------------------------------------------------
