@@ -17,9 +17,9 @@ Returns the names of the fields skipped because they hold no number.
 ]]
 -- #include crawl
 local fleet_stats, record = KEYS[1], KEYS[2]
-local crawl = crawl_status(record, ARGV[1])
-if crawl ~= "ok" then
-    return redis.error_reply("LOST " .. crawl) -- the crawl is gone: write nothing
+local refused = crawl_refusal(record, ARGV[1])
+if refused then
+    return refused -- the crawl is gone: write nothing
 end
 
 local names = {}

@@ -45,9 +45,9 @@ local lane_limits = KEYS[13]
 local epoch, owner, key, token = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local reason = string.gsub(ARGV[5], "\n", " ")
 local concurrency = tonumber(ARGV[6])
-local crawl = crawl_status(record, epoch)
-if crawl ~= "ok" then
-    return redis.error_reply("LOST " .. crawl) -- the crawl is gone: write nothing
+local refused = crawl_refusal(record, epoch)
+if refused then
+    return refused -- the crawl is gone: write nothing
 end
 lanes_init(queue, hosts, busy, backlog, host_next, concurrency, clock_ms(), lane_limits)
 entry_init(inflight, leases, owned)

@@ -66,9 +66,9 @@ local lane_limits = KEYS[17]
 local epoch, order, owner = ARGV[1], ARGV[2], ARGV[3]
 local n_acks, concurrency, backlog_cap = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local first_request = 7 + 3 * n_acks
-local crawl = crawl_status(record, epoch)
-if crawl ~= "ok" then
-    return redis.error_reply("LOST " .. crawl) -- the crawl is gone: write nothing
+local refused = crawl_refusal(record, epoch)
+if refused then
+    return refused -- the crawl is gone: write nothing
 end
 local n_requests = (#ARGV - first_request + 1) / 5
 -- First: a corrupt dedup HASH or a key of the wrong type fails before any write (seq

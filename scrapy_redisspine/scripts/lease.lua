@@ -62,9 +62,9 @@ local hosts, busy, backlog, host_next, host_delay = KEYS[9], KEYS[10], KEYS[11],
 local record = KEYS[14]
 local lane_limits = KEYS[15]
 local epoch, owner, count, concurrency = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
-local crawl = crawl_status(record, epoch)
-if crawl ~= "ok" then
-    return redis.error_reply("LOST " .. crawl) -- the crawl is gone: write nothing
+local refused = crawl_refusal(record, epoch)
+if refused then
+    return refused -- the crawl is gone: write nothing
 end
 local now_ms = clock_ms()
 lanes_init(queue, hosts, busy, backlog, host_next, concurrency, now_ms, lane_limits)

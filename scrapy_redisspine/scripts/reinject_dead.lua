@@ -32,9 +32,9 @@ local hosts, busy, backlog, host_next = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local record = KEYS[9]
 local lane_limits = KEYS[10]
 local epoch, concurrency = ARGV[1], tonumber(ARGV[2])
-local crawl = crawl_status(record, epoch)
-if crawl ~= "ok" then
-    return redis.error_reply("LOST " .. crawl) -- the crawl is gone: write nothing
+local refused = crawl_refusal(record, epoch)
+if refused then
+    return refused -- the crawl is gone: write nothing
 end
 lanes_init(queue, hosts, busy, backlog, host_next, concurrency, clock_ms(), lane_limits)
 keys_expect(dead, "hash", queue, "zset", requeues, "hash", hosts, "zset", busy, "hash",

@@ -37,9 +37,9 @@ local hosts, busy, backlog, host_next = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
 local record = KEYS[10]
 local lane_limits = KEYS[11]
 local epoch, owner, concurrency = ARGV[1], ARGV[2], tonumber(ARGV[3])
-local crawl = crawl_status(record, epoch)
-if crawl ~= "ok" then
-    return redis.error_reply("LOST " .. crawl) -- the crawl is gone: write nothing
+local refused = crawl_refusal(record, epoch)
+if refused then
+    return refused -- the crawl is gone: write nothing
 end
 lanes_init(queue, hosts, busy, backlog, host_next, concurrency, clock_ms(), lane_limits)
 entry_init(inflight, leases, owned)

@@ -63,9 +63,9 @@ local record = KEYS[14]
 local lane_limits = KEYS[15]
 local epoch, cursor, limit, timeout_ms = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local max_requeues, concurrency, rest_ms = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
-local crawl = crawl_status(record, epoch)
-if crawl ~= "ok" then
-    return redis.error_reply("LOST " .. crawl) -- the crawl is gone: write nothing
+local refused = crawl_refusal(record, epoch)
+if refused then
+    return refused -- the crawl is gone: write nothing
 end
 local lane_rests = {}
 for i = 8, #ARGV - 1, 2 do

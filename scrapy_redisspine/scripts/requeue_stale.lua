@@ -57,9 +57,9 @@ local concurrency, rest_ms = tonumber(ARGV[6]), tonumber(ARGV[7])
 local hosts, busy, backlog, host_next, host_delay = KEYS[9], KEYS[10], KEYS[11], KEYS[12], KEYS[13]
 local record = KEYS[14]
 local lane_limits = KEYS[15]
-local crawl = crawl_status(record, epoch)
-if crawl ~= "ok" then
-    return redis.error_reply("LOST " .. crawl) -- the crawl is gone: write nothing
+local refused = crawl_refusal(record, epoch)
+if refused then
+    return refused -- the crawl is gone: write nothing
 end
 local sweeper = ARGV[8]
 local lane_rests = {}

@@ -47,9 +47,9 @@ local record = KEYS[11]
 local lane_limits = KEYS[12]
 local epoch, owner, concurrency = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local lane, priority, payload = ARGV[4], ARGV[5], ARGV[6]
-local crawl = crawl_status(record, epoch)
-if crawl ~= "ok" then
-    return redis.error_reply("LOST " .. crawl) -- the crawl is gone: write nothing
+local refused = crawl_refusal(record, epoch)
+if refused then
+    return refused -- the crawl is gone: write nothing
 end
 local now_ms = clock_ms()
 lanes_init(queue, hosts, busy, backlog, host_next, concurrency, now_ms, lane_limits)

@@ -54,6 +54,18 @@ def _ended_with(results: list[WorkerResult], reason: str, said: str) -> None:
         assert "Traceback" not in result.log, detail
 
 
+def _crawl_to_the_end(
+    project_dir: Path, crawl_settings: dict[str, Any], log_dir: Path
+) -> WorkerResult:
+    """One ``links`` worker crawls the test site to the end."""
+    (done,) = wait_workers(
+        start_workers(project_dir, "links", 1, {**crawl_settings, **FAST}, log_dir=log_dir),
+        timeout=120,
+    )
+    assert (done.returncode, done.finish_reason) == (0, "finished"), done.log[-3000:]
+    return done
+
+
 def _crawl_keys(client: redis.Redis, keys: CrawlKeys) -> list[str]:
     return [key for key in keys.all_crawl_keys() if client.exists(key)]
 
@@ -105,10 +117,7 @@ def test_a_second_spider_on_the_same_crawl_id_is_refused_in_one_line(
     project_dir: Path, crawl_settings: dict[str, Any], worker_log_dir: Path,
     test_site: TestSite,
 ) -> None:
-    first = start_workers(project_dir, "links", 1, {**crawl_settings, **FAST},
-                          log_dir=worker_log_dir)
-    (done,) = wait_workers(first, timeout=120)
-    assert (done.returncode, done.finish_reason) == (0, "finished"), done.log[-3000:]
+    _crawl_to_the_end(project_dir, crawl_settings, worker_log_dir)
     other = start_workers(project_dir, "other", 1, {**crawl_settings, **FAST},
                           log_dir=worker_log_dir / "other")
     (refused,) = wait_workers(other, timeout=60)
@@ -121,10 +130,7 @@ def test_running_a_finished_crawl_again_says_it_finished(
     project_dir: Path, crawl_settings: dict[str, Any], worker_log_dir: Path,
     test_site: TestSite,
 ) -> None:
-    first = start_workers(project_dir, "links", 1, {**crawl_settings, **FAST},
-                          log_dir=worker_log_dir)
-    (done,) = wait_workers(first, timeout=120)
-    assert (done.returncode, done.finish_reason) == (0, "finished"), done.log[-3000:]
+    done = _crawl_to_the_end(project_dir, crawl_settings, worker_log_dir)
     fetched = len(test_site.requests())
     again = start_workers(project_dir, "links", 1, {**crawl_settings, **FAST},
                           log_dir=worker_log_dir / "again")

@@ -486,30 +486,31 @@ class TestStall:
 
 
 class TestPartialSweep:
-    def test_a_worker_swept_in_part_learns_it_and_the_rest_is_swept_next(
-        self, make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys
-    ) -> None:
+    @staticmethod
+    def _swept_in_part(
+        make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> tuple[Frontier, Frontier]:
+        """w1 holds three leases and falls silent; w2 sweeps two of them (its limit)."""
         worker, sweeper = make_frontier("w1", concurrency=WIDE), make_frontier("w2")
         worker.register(flush=False, alive_ms=TIMEOUT_MS)
         worker.enqueue(_requests(b"a", b"b", b"c"))
         assert len(worker.lease(3).leases) == 3
         _silence(client, crawl_keys, "w1")
         assert _sweep(sweeper, limit=2) == SweepResult(2, 0, 0)
+        return worker, sweeper
+
+    def test_a_worker_swept_in_part_learns_it_and_the_rest_is_swept_next(
+        self, make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        worker, sweeper = self._swept_in_part(make_frontier, client, crawl_keys)
         assert client.zscore(crawl_keys.workers, "w1") == 0, "marked: swept in part"
         assert _sweep(sweeper, limit=2) == SweepResult(1, 0, 1), "the rest, next time"
-        worker_again = make_frontier("w1", concurrency=WIDE)
-        worker_again.epoch = worker.epoch
-        assert worker_again.heartbeat().status == "swept"
+        assert worker.heartbeat().status == "swept"
 
     def test_a_worker_swept_in_part_that_beats_first_is_told(
         self, make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys
     ) -> None:
-        worker, sweeper = make_frontier("w1", concurrency=WIDE), make_frontier("w2")
-        worker.register(flush=False, alive_ms=TIMEOUT_MS)
-        worker.enqueue(_requests(b"a", b"b", b"c"))
-        assert len(worker.lease(3).leases) == 3
-        _silence(client, crawl_keys, "w1")
-        assert _sweep(sweeper, limit=2).requeued == 2
+        worker, _ = self._swept_in_part(make_frontier, client, crawl_keys)
         assert worker.heartbeat().status == "swept", "some of its leases were taken"
         assert worker.heartbeat().status == "ok"
 

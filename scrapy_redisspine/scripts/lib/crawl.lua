@@ -11,6 +11,8 @@ notice.
 crawl_status(record, epoch) -> "ok", "lost" (no record), "purged" (only the
 tombstone `redisspine purge` leaves) or "changed" (another epoch: the crawl was
 started afresh). An empty epoch (a tool outside the fleet) is always "ok".
+crawl_refusal(record, epoch) -> nil when the crawl is the caller's, else the error
+reply a writing script returns at once ("LOST <status>"), having written nothing.
 ]]
 local function crawl_status(record, epoch)
     if epoch == "" then
@@ -21,4 +23,12 @@ local function crawl_status(record, epoch)
         return known[2] and "purged" or "lost"
     end
     return known[1] == epoch and "ok" or "changed"
+end
+
+local function crawl_refusal(record, epoch)
+    local status = crawl_status(record, epoch)
+    if status ~= "ok" then
+        return redis.error_reply("LOST " .. status)
+    end
+    return nil
 end
