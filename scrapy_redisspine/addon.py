@@ -24,10 +24,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from scrapy.crawler import Crawler
     from scrapy.settings import Settings
-
-    from scrapy_redisspine.settings import SpineConfig
 
 
 logger = logging.getLogger(__name__)
@@ -103,29 +100,3 @@ def _warn_if_overridden(settings: Settings, name: str, ours: str) -> None:
             "higher priority than the add-on's): that one runs, not %s. Remove %s from "
             "your settings.", name, name_of, ours, name,
         )
-
-
-def component_config(crawler: Crawler) -> SpineConfig:
-    """The config of the plugin's extensions and middleware.
-
-    A bad setting is the scheduler's to report: it logs one line naming it and the
-    worker closes, so beside it these components just stay off (quietly: Scrapy
-    would log each of them too). Beside another scheduler they say why they are off.
-    """
-    from scrapy.exceptions import NotConfigured
-    from scrapy.utils.misc import load_object
-
-    from scrapy_redisspine.settings import ConfigError, load_config
-
-    try:
-        return load_config(crawler.settings)
-    except ConfigError as exc:
-        from scrapy_redisspine.scheduler import Scheduler
-
-        scheduler = crawler.settings.get("SCHEDULER")
-        try:
-            cls = load_object(scheduler) if isinstance(scheduler, str) else scheduler
-            ours = isinstance(cls, type) and Scheduler in cls.__mro__
-        except (ImportError, NameError, ValueError, TypeError):
-            ours = False
-        raise NotConfigured() if ours else NotConfigured(f"redisspine: {exc}") from None

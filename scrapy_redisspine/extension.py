@@ -39,8 +39,8 @@ from scrapy.exceptions import NotConfigured
 
 from scrapy_redisspine import signals
 from scrapy_redisspine._clock import Clock, Periodic, ReactorClock
+from scrapy_redisspine._components import component_config
 from scrapy_redisspine._guard import CALL_ERRORS
-from scrapy_redisspine.addon import component_config
 from scrapy_redisspine.control import StatsPusher
 
 if TYPE_CHECKING:

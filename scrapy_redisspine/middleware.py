@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from scrapy import signals as scrapy_signals
 
 from scrapy_redisspine import signals
-from scrapy_redisspine.addon import component_config
+from scrapy_redisspine._components import component_config
 
 if TYPE_CHECKING:
     from scrapy import Request

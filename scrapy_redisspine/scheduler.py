@@ -1,36 +1,26 @@
 """Scrapy scheduler over the shared Redis frontier.
 
 Every ``scrapy crawl`` process using this scheduler is one worker of a fleet that
-shares one crawl's keys. The scheduler is Scrapy's interface and the wiring of a
-few parts, each owning its state (drawn side by side, none inherits from another):
+shares one crawl's keys. The scheduler is Scrapy's interface and the wiring of
+parts that each own their state, drawn side by side (none inherits from another;
+the README's "How it works" has the table): ``Outbox`` (``_outbox``), ``LeaseBook``
+(``_leasebook``), ``Leaser`` (``_leasing``), ``FleetMember`` (``_fleet``),
+``RedisGuard`` (``_guard``), ``HostPolicy`` (``_host_policy``), ``LocalQueue``
+(``_local``), ``StartRegistry`` (``_starts``), ``Refusal`` (``_refusal``) and
+``HandBack`` (``_closing``); joining the crawl is ``_joining``. Scrapy's engine
+internals are reached only through an ``EnginePort`` (``_engine``), passed to the
+constructor; time only through a ``Clock`` (``_clock``). The extensions and the
+middlewares get a ``signals.WorkerView``.
 
-- ``Outbox`` (``_outbox``): requests enqueued here and the acks of requests the
-  engine is done with, on their way to Redis; the local request cache; the flush
-  timer. A request's children always go in the same atomic step as its ack, or
-  before it.
-- ``LeaseBook`` (``_leasebook``): the leases this worker holds, ready or handed out,
-  with their lanes and Retry-After blocks.
-- ``Leaser`` (``_leasing``): fills the book in one round trip that also carries the
-  outbox; backs off after an empty lease.
-- ``FleetMember`` (``_fleet``): heartbeat, fleet orders (pause, drain), fencing, and
-  the fleet's counts that decide when the crawl is finished.
-- ``RedisGuard`` (``_guard``): the breaker for a down Redis, memory pressure for a
-  full one, and whether leases must be reconciled after a failure.
-- ``HostPolicy`` (``_host_policy``): politeness lanes and delays.
-
-Scrapy's engine internals are reached only through an ``EnginePort``
-(``_engine``), passed to the constructor; time only through a ``Clock``
-(``_clock``). The extensions and the middleware get a ``signals.WorkerView``.
-
-The crawl is finished when nothing is queued or in flight fleet-wide; a worker only
-reports no pending requests when that holds and its own buffers are empty.
+The crawl is finished when nothing is queued or in flight fleet-wide, no live
+worker still produces start requests, and it ever had work; a worker only reports
+no pending requests when that holds and its own buffers are empty.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import time
 from typing import TYPE_CHECKING
 
 import redis
@@ -40,6 +30,7 @@ from scrapy.dupefilters import BaseDupeFilter
 
 from scrapy_redisspine import signals
 from scrapy_redisspine._clock import Clock, Periodic, ReactorClock
+from scrapy_redisspine._closing import HandBack
 from scrapy_redisspine._engine import EngineHooks, EnginePort
 from scrapy_redisspine._fleet import FleetMember
 from scrapy_redisspine._guard import RedisGuard
@@ -47,8 +38,6 @@ from scrapy_redisspine._host_policy import HostPolicy
 from scrapy_redisspine._joining import (
     REASON_CONFIG,
     REASON_CORRUPT,
-    REASON_LOST,
-    REASON_PURGED,
     JoinRefused,
     join,
     leave_quietly,
@@ -57,6 +46,7 @@ from scrapy_redisspine._leasebook import LeaseBook
 from scrapy_redisspine._leasing import Leaser
 from scrapy_redisspine._local import LocalQueue
 from scrapy_redisspine._outbox import Outbox
+from scrapy_redisspine._refusal import Refusal
 from scrapy_redisspine._settings_compat import notices
 from scrapy_redisspine._starts import StartRegistry
 from scrapy_redisspine.dedup import DedupConfigError
@@ -81,14 +71,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-_CLOSE_ATTEMPTS = 5
-_GONE = {
-    "lost": "the crawl's state in Redis is gone (Redis restarted without persistence, "
-            "was flushed, or failed over to an empty replica)",
-    "purged": "the crawl was purged (`redisspine purge`) while this worker was running",
-    "changed": "the crawl in Redis is not the one this worker joined (it was lost or "
-               "purged, and another worker started it afresh)",
-}
 
 
 class Scheduler(BaseScheduler):
@@ -131,8 +113,7 @@ class Scheduler(BaseScheduler):
             "idle poll", self._on_idle_poll, config.idle_poll_seconds, self.clock, stats
         )
         self._opened = False
-        self._refused: str | None = None  # the close reason of a worker that refused
-        self._refused_closing = False
+        self.refusal = Refusal(engine, self.clock, stats)
         self._refused_at_open: JoinRefused | None = None
 
     @classmethod
@@ -168,7 +149,7 @@ class Scheduler(BaseScheduler):
             joined = join(self.config, self.config.crawl_id or spider.name, spider.name,
                           self.worker_id)
         except JoinRefused as refused:
-            self._refuse(refused.reason, str(refused))
+            self.refusal.refuse(refused.reason, str(refused))
             return
         self.connection, self.frontier = joined.connection, joined.frontier
         self._assemble(spider)
@@ -219,51 +200,31 @@ class Scheduler(BaseScheduler):
             batch_size=config.lease_batch_size, idle_poll_seconds=config.idle_poll_seconds,
             counted=self.fleet.counted, crawl_delay_learned=self.hosts.learned_from_lease,
         )
+        self.hand_back = HandBack(
+            frontier=self.frontier, outbox=self.outbox, book=self.book, local=self.local,
+            guard=self.guard, stats=stats, config=config,
+        )
         self.guard.on_crawl_gone = lambda status: self._crawl_gone(Heartbeat(status))
         self.view = signals.WorkerView(
             self.worker_id, self.frontier.upkeep, self.guard, self.hosts, self.wake,
             self.starts,
         )
 
-    def _refuse(self, reason: str, message: str) -> None:
-        """This worker cannot work: say why in one line, close with ``reason`` (at the
-        engine's next call: the engine is still opening), exit non-zero."""
-        logger.error("redisspine: %s. This worker stops (close reason %r).",
-                     message.rstrip("."), reason)
-        self.stats.set_value("redisspine/refused", reason)
-        self._refused = reason
-        if self.engine is not None:
-            self.engine.mark_failed()
-
     def _refuse_after_join(self, reason: str, message: str) -> None:
         with contextlib.suppress(redis.RedisError):
             self.frontier.leave()
         leave_quietly(self.connection)
-        self._refuse(reason, message)
-
-    def _close_refused(self) -> None:
-        """Ask the engine to close, once, from the reactor's next turn: asked from
-        inside an engine call, the engine could close this scheduler in the middle."""
-        if not self._refused_closing and self.engine is not None:
-            self._refused_closing = True
-            assert self._refused is not None
-            self.clock.callLater(0, self.engine.close_spider, self._refused)
+        self.refusal.refuse(reason, message)
 
     def _crawl_gone(self, heartbeat: Heartbeat) -> None:
         """The crawl this worker joined is not in Redis any more: nothing it holds can
         be handed back, and "finished" would be a lie."""
-        if self._refused is not None:
-            return  # said once: by a script's refusal, a heartbeat or a count
         self.fleet.gone = True
-        what = _GONE.get(heartbeat.status, _GONE["lost"])
-        reason = REASON_PURGED if heartbeat.status == "purged" else REASON_LOST
-        message = (
-            f"{what}; this worker held {self.book.ready + self.book.handed_out} leased "
+        self.refusal.crawl_gone(heartbeat.status, (
+            f"this worker held {self.book.ready + self.book.handed_out} leased "
             f"request(s), {len(self.outbox)} request(s) and {self.outbox.acks} ack(s) not "
-            f"yet sent: they are not in Redis any more, and the crawl is not done"
-        )
-        self._refuse(reason, message)
-        self._close_refused()
+            f"yet sent"
+        ))
 
     def close(self, reason: str) -> None:
         if not self._opened:
@@ -277,8 +238,8 @@ class Scheduler(BaseScheduler):
         self.leaser.close()
         if self.engine is not None:
             self.engine.detach()
-        if self._refused is None:
-            self._hand_back(reason)
+        if self.refusal.reason is None:
+            self.hand_back.hand_back(reason)
         else:  # the crawl is gone: any write would start an empty one
             logger.info("redisspine: nothing handed back: the crawl is not in Redis")
         self.df.close(reason)
@@ -289,56 +250,10 @@ class Scheduler(BaseScheduler):
         """Whether any of the worker's timers still runs."""
         return self._idle_poll.running or (self._opened and self.fleet.running)
 
-    def _hand_back(self, reason: str) -> None:
-        """Send what is buffered, return unstarted leases, leave; retry a short outage."""
-        for attempt in range(_CLOSE_ATTEMPTS):
-            try:
-                self.outbox.flush()
-                self._release_unstarted()
-                if reason == "finished":
-                    self._note_finished()
-                self.frontier.leave()
-                return
-            except redis.RedisError as exc:
-                self.guard.failed("close", exc)
-                time.sleep(0.2 * 2**attempt)
-        logger.error(
-            "redisspine: Redis unreachable while closing: %d unsent request(s) of this "
-            "worker are lost; its %d lease(s) stay in Redis and will be requeued by the "
-            "other workers' sweeps", len(self.outbox), self.book.ready + self.book.handed_out,
-        )
-
-    def _note_finished(self) -> None:
-        """The crawl is done fleet-wide: say so in its record, or delete it."""
-        if self.config.persist:
-            self.frontier.mark_finished()
-        elif self.frontier.upkeep.purge_if_done(self.frontier.epoch, self.config.worker_timeout_ms):
-            logger.info("redisspine: crawl finished; its keys deleted (persist off)")
-
-    def _release_unstarted(self) -> None:
-        handles = self.book.take_all()
-        lost = self.local.lost()
-        local = [handle for handle in handles if handle[0] in self.local.keys]
-        if lost or local:
-            logger.error(
-                "redisspine: %d request(s) that could not be stored in Redis are lost with "
-                "this worker (they lived in its memory only)", lost + len(local),
-            )
-            self.stats.inc_value("redisspine/scheduler/local_lost", lost + len(local))
-        for handle in local:  # their markers go to the dead letters, with the reason
-            self.frontier.bury(handle, "this worker closed before it fetched the request "
-                                       "it held in memory (it could not be stored)")
-        handles = [handle for handle in handles if handle[0] not in self.local.keys]
-        if handles:
-            released = self.frontier.release(handles)
-            self.guard.repaired("release", released.repairs)
-            self.stats.inc_value("redisspine/scheduler/released", released)
-            logger.info("redisspine: returned %d unstarted lease(s) to the queue", released)
-
     # -- Scrapy's scheduler interface ------------------------------------------
 
     def enqueue_request(self, request: Request) -> bool:
-        if self._refused is not None:
+        if self.refusal.reason is not None:
             return False
         if not self._remote_dedup and not request.dont_filter and self.df.request_seen(request):
             self.df.log(request, self.spider)  # type: ignore[arg-type]
@@ -373,8 +288,8 @@ class Scheduler(BaseScheduler):
         return True
 
     def next_request(self) -> Request | None:
-        if self._refused is not None:
-            self._close_refused()
+        if self.refusal.reason is not None:
+            self.refusal.close_soon()
             return None
         orders = self.fleet.orders
         if orders.drain:
@@ -388,8 +303,8 @@ class Scheduler(BaseScheduler):
         return request
 
     def has_pending_requests(self) -> bool:
-        if self._refused is not None:
-            self._close_refused()
+        if self.refusal.reason is not None:
+            self.refusal.close_soon()
             return True  # until it closes with its reason, never as "finished"
         if not self.outbox.empty or self.book.ready or self.config.keep_alive or len(self.local):
             return True
@@ -404,7 +319,7 @@ class Scheduler(BaseScheduler):
     def __len__(self) -> int:
         """Requests waiting: queued fleet-wide (as of the last heartbeat or lease),
         leased here but not started, and enqueued here but not yet sent."""
-        if self._refused is not None or not self._opened:
+        if self.refusal.reason is not None or not self._opened:
             return 0
         return self.fleet.queued + self.book.ready + len(self.outbox) + len(self.local)
 
