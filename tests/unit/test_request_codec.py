@@ -139,9 +139,12 @@ class TestRoundTrip:
         copy = _assert_round_trip(codec, request)
         assert isinstance(copy.cookies, list)
 
-    def test_tuples_in_meta_come_back_as_lists(self, codec: RequestCodec) -> None:
-        copy = _round_trip(codec, Request("http://example.com/", meta={"t": (1, 2)}))
-        assert copy.meta["t"] == [1, 2]
+    def test_tuples_and_sets_in_meta_come_back_as_they_were(self, codec: RequestCodec) -> None:
+        meta = {"t": (1, 2), "s": {1, 2}, "f": frozenset({"a"}), 1: "int key"}
+        copy = _assert_round_trip(codec, Request("http://example.com/", meta=meta))
+        assert type(copy.meta["t"]) is tuple
+        assert type(copy.meta["s"]) is set
+        assert type(copy.meta["f"]) is frozenset
 
     def test_form_request(self, codec: RequestCodec, spider: CodecSpider) -> None:
         request = FormRequest(
@@ -322,7 +325,7 @@ class TestCallbacks:
 
 
 class TestEncodeErrors:
-    @pytest.mark.parametrize("value", [object(), {1, 2}, Spider])
+    @pytest.mark.parametrize("value", [object(), Spider, print])
     def test_unserializable_meta_names_the_key(self, codec: RequestCodec, value: Any) -> None:
         request = Request("http://example.com/", meta={"fine": 1, "culprit": value})
         with pytest.raises(RequestEncodeError) as info:
