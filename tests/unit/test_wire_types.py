@@ -31,6 +31,7 @@ from scrapy_redisspine.serialization import (
     get_serializer,
     loads_any,
 )
+from tests.unit.exact import same
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 PARIS = zoneinfo.ZoneInfo("Europe/Paris")
@@ -40,49 +41,6 @@ ODD_OFFSET = dt.timezone(dt.timedelta(hours=-3, minutes=-30, seconds=-15, micros
 @pytest.fixture(params=["msgpack", "json"])
 def serializer(request: pytest.FixtureRequest) -> Serializer:
     return get_serializer(request.param)
-
-
-def same(a: Any, b: Any) -> bool:
-    """Equal, and of the same types all the way down (1 == 1.0 == True is not enough)."""
-    if type(a) is not type(b):
-        return False
-    if isinstance(a, dict):
-        keys = {_key(k): k for k in b}
-        return len(a) == len(b) and all(
-            _key(k) in keys and same(k, keys[_key(k)]) and same(v, b[keys[_key(k)]])
-            for k, v in a.items()
-        )
-    if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
-    if isinstance(a, (set, frozenset)):
-        return sorted(map(_key, a)) == sorted(map(_key, b))
-    if isinstance(a, float):
-        return (math.isnan(a) and math.isnan(b)) or (a == b and math.copysign(1, a) ==
-                                                     math.copysign(1, b))
-    if isinstance(a, Decimal):
-        return str(a) == str(b)
-    if isinstance(a, (dt.datetime, dt.time)):
-        return (a.replace(tzinfo=None) == b.replace(tzinfo=None) and a.fold == b.fold
-                and a.utcoffset() == b.utcoffset() and _zone(a) == _zone(b))
-    return bool(a == b)
-
-
-def _key(value: Any) -> str:
-    """A type-exact, comparable stand-in for a hashable value."""
-    if isinstance(value, (tuple, frozenset)):
-        inner = sorted(map(_key, value)) if isinstance(value, frozenset) else map(_key, value)
-        return f"{type(value).__name__}({', '.join(inner)})"
-    if isinstance(value, (dt.datetime, dt.time)):
-        return f"{type(value).__name__}({value.isoformat()}, {_zone(value)}, {value.fold})"
-    if isinstance(value, float) and math.isnan(value):
-        return "float(nan)"
-    if isinstance(value, Decimal):
-        return f"Decimal({value})"
-    return f"{type(value).__name__}({value!r})"
-
-
-def _zone(value: dt.datetime | dt.time) -> str | None:
-    return getattr(value.tzinfo, "key", None)
 
 
 def round_trip(serializer: Serializer, value: Any) -> Any:
@@ -344,6 +302,7 @@ def test_readme_table_gives_every_tag_and_code() -> None:
         if line.startswith("| ") and len(cells := line.strip(" |").split(" | ")) >= 3
     }
     expected = {wire.tag: str(wire.code) for wire in WIRE_TYPES}
+    expected.update({f"__{kind}__": str(code) for kind, code in OBJECT_KINDS.items()})
     assert {tag: rows.get(tag) for tag in expected} == expected
     assert "{\"__bytes_b64__\": " in section
     assert "{\"__map__\": " in section
