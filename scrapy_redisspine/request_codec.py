@@ -48,9 +48,11 @@ _DEFAULTS: dict[str, Any] = {
     "cb_kwargs": {}, "callback": None, "errback": None,
 }
 
-#: What a payload may never name as a callback: scrapy.Spider's own attributes
-#: (``__init__``, ``start``, ``_set_crawler`` ...) except ``parse``.
-_SPIDER_MACHINERY = frozenset(name for name in dir(Spider) if name != "parse")
+#: What is never a callback, on either side: scrapy.Spider's own attributes
+#: (``__init__``, ``start``, ``_set_crawler`` ...) except ``parse`` and ``_parse``
+#: (what Scrapy itself calls for a request without a callback). A spider's other
+#: methods are callbacks, private ones (``_parse_detail``) included.
+_SPIDER_MACHINERY = frozenset(dir(Spider)) - {"parse", "_parse"}
 
 
 class RequestEncodeError(ValueError):
@@ -180,13 +182,18 @@ class RequestCodec:
             # Name-mangled (``__parse``) or aliased: search the spider once.
             name = next(
                 (n for n, m in inspect.getmembers(self.spider, inspect.ismethod)
-                 if m.__func__ is target),
+                 if m.__func__ is target and n not in _SPIDER_MACHINERY),
                 "",
             )
             if not name:
                 raise RequestEncodeError(
                     f"cannot store {request}: its {field} {func!r} is not found on the spider"
                 )
+        if name in _SPIDER_MACHINERY:
+            raise RequestEncodeError(
+                f"cannot store {request}: its {field} {name!r} is part of scrapy.Spider's "
+                f"machinery, which no worker calls as a callback; use a method of your own"
+            )
         self._names[target] = name
         return name
 
