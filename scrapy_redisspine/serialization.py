@@ -159,9 +159,14 @@ def _wire_type(cls: type) -> WireType | None:
 
 
 def _object_parts(objects: Objects | None, value: Any) -> tuple[str, Any] | None:
+    stored: tuple[str, Any] | None
     if isinstance(value, StoredObject):
-        return value.kind, value.parts
-    return None if objects is None else objects.object_parts(value)
+        stored = value.kind, value.parts
+    else:
+        stored = None if objects is None else objects.object_parts(value)
+    if stored is not None and stored[0] not in OBJECT_KINDS:
+        raise TypeError(f"unknown kind of object {stored[0]!r}")
+    return stored
 
 
 def _rebuild(objects: Objects | None, kind: str, parts: Any) -> Any:
@@ -213,21 +218,20 @@ def _ext_of(objects: Objects | None, value: Any) -> Any:
     return base
 
 
-def _unpackb(payload: bytes, objects: Objects | None, ext_hook: Any = None) -> Any:
-    return msgpack.unpackb(
-        payload, raw=False, strict_map_key=False,
-        ext_hook=ext_hook or partial(_value_of_ext, objects),
-    )
+def _unpackb(payload: bytes, ext_hook: Callable[[int, bytes], Any]) -> Any:
+    return msgpack.unpackb(payload, raw=False, strict_map_key=False, ext_hook=ext_hook)
 
 
 def _value_of_ext(objects: Objects | None, code: int, data: bytes) -> Any:
+    """msgpack's ``ext_hook``: the value of an ExtType."""
+    parts = _unpackb(data, partial(_value_of_ext, objects))
     wire = _BY_CODE.get(code)
     if wire is not None:
-        return _from_parts(wire, _unpackb(data, objects))
+        return _from_parts(wire, parts)
     kind = _KIND_BY_CODE.get(code)
     if kind is None:
         raise SerializationError(f"unknown msgpack extension type {code}")
-    return _rebuild(objects, kind, _unpackb(data, objects))
+    return _rebuild(objects, kind, parts)
 
 
 class MsgpackSerializer:
@@ -242,21 +246,23 @@ class MsgpackSerializer:
     def _make_hooks(objects: Objects | None) -> tuple[Objects | None, Any, Any]:
         return objects, partial(_ext_of, objects), partial(_value_of_ext, objects)
 
+    def _hooks_for(self, objects: Objects | None) -> tuple[Objects | None, Any, Any]:
+        """msgpack's hooks for ``objects``, made once for the caller that uses this
+        serializer (read once per call: another thread may swap them meanwhile)."""
+        hooks = self._hooks
+        if hooks[0] is not objects:
+            hooks = self._hooks = self._make_hooks(objects)
+        return hooks
+
     def dumps(self, data: dict[str, Any], objects: Objects | None = None) -> bytes:
-        if self._hooks[0] is not objects:  # made once for the caller using this serializer
-            self._hooks = self._make_hooks(objects)
         try:
-            return _packb(data, objects, self._hooks[1])
+            return _packb(data, objects, self._hooks_for(objects)[1])
         except (TypeError, ValueError, OverflowError, RecursionError) as exc:
             raise SerializationError(str(exc)) from exc
 
     def loads(self, payload: bytes, objects: Objects | None = None) -> dict[str, Any]:
-        if self._hooks[0] is not objects:
-            self._hooks = self._make_hooks(objects)
         try:
-            data = msgpack.unpackb(
-                payload, raw=False, strict_map_key=False, ext_hook=self._hooks[2]
-            )
+            data = _unpackb(payload, self._hooks_for(objects)[2])
         except SerializationError:
             raise
         except Exception as exc:  # msgpack raises several unrelated types
@@ -305,7 +311,7 @@ def _json_object(value: dict[Any, Any], objects: Objects | None) -> dict[str, An
     """A dict as a JSON object, or as ``__map__`` pairs when its keys are not plain."""
     out: dict[str, Any] = {}
     for key, item in value.items():
-        if type(key) is not str:
+        if type(key) is not str:  # then pairs: one pass over the dict in the usual case
             break
         cls = type(item)
         plain = cls in _JSON_SCALARS or (cls is int and item in _INT_RANGE)
@@ -347,20 +353,21 @@ class JsonSerializer:
 
     name = "json"
 
+    def __init__(self) -> None:
+        self._hook: tuple[Objects | None, Any] = (None, partial(_from_json_object, None))
+
     def dumps(self, data: dict[str, Any], objects: Objects | None = None) -> bytes:
         try:
             return json.dumps(_to_json(data, objects), separators=(",", ":")).encode()
         except (TypeError, ValueError, OverflowError, RecursionError) as exc:
             raise SerializationError(str(exc)) from exc
 
-    def __init__(self) -> None:
-        self._hook: tuple[Objects | None, Any] = (None, partial(_from_json_object, None))
-
     def loads(self, payload: bytes, objects: Objects | None = None) -> dict[str, Any]:
-        if self._hook[0] is not objects:  # made once for the caller using this serializer
-            self._hook = (objects, partial(_from_json_object, objects))
+        hook = self._hook  # read once: another thread may swap it meanwhile
+        if hook[0] is not objects:  # made once for the caller using this serializer
+            hook = self._hook = (objects, partial(_from_json_object, objects))
         try:
-            data = json.loads(payload, object_hook=self._hook[1])
+            data = json.loads(payload, object_hook=hook[1])
         except SerializationError:
             raise
         except (ValueError, TypeError, RecursionError) as exc:  # binascii.Error: ValueError

@@ -388,3 +388,21 @@ def test_what_encodes_decodes_exactly(value: Any, name: str) -> None:
         return  # refused when written: never stored, never a surprise for a reader
     assert same(serializer.loads(payload)["v"], value)
     assert same(loads_any(payload)["v"], value)
+
+
+def test_an_object_of_an_unknown_kind_is_refused(serializer: Serializer) -> None:
+    with pytest.raises(SerializationError, match="unknown kind"):
+        serializer.dumps({"v": StoredObject("pickle", b"")})
+
+
+def test_hooks_of_two_callers_do_not_mix(serializer: Serializer) -> None:
+    # One serializer, two callers in turn (two codecs reading through loads_any).
+    class Doubles(Boxes):
+        def rebuild_object(self, kind: str, parts: Any) -> Any:
+            return ("doubled", parts[0] * 2)
+
+    payload = serializer.dumps({"b": Box(2)}, Boxes())
+    for _ in range(2):
+        assert isinstance(serializer.loads(payload, Boxes())["b"], Box)
+        assert serializer.loads(payload, Doubles())["b"] == ("doubled", 4)
+        assert isinstance(serializer.loads(payload)["b"], StoredObject)
