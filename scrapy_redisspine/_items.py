@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import inspect
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -137,10 +138,23 @@ class ItemClasses:
         if not self.covers(path):
             raise TypeError(f"item class {path} is not allowed: add it, or its module, "
                             f"to {SETTING}")
-        if vars(sys.modules.get(module, object)).get(name) is not cls:
+        found = sys.modules.get(module)
+        if found is None or vars(found).get(name) is not cls:
             raise TypeError(f"item class {path} cannot be found by that name")
+        self._check_constructor(cls, path)
         self._paths[cls] = path
         return path
+
+    def _check_constructor(self, cls: type, path: str) -> None:
+        """What :meth:`_build` will call must take the fields: checked once per class,
+        so an item that no worker could rebuild is refused where it is stored."""
+        kind = self._kind(cls)
+        arguments = [arg for _, arg in kind[1] if arg] if kind else []
+        try:
+            inspect.signature(cls).bind_partial(**dict.fromkeys(arguments))
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"item class {path} cannot be rebuilt from its fields: its "
+                            f"constructor does not take {', '.join(arguments)} ({exc})") from exc
 
     def _class(self, path: str) -> type:
         """The class a payload names, if the rules allow it; nothing is imported before

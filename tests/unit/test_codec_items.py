@@ -68,6 +68,26 @@ class Positive:
             raise ValueError("must be positive")
 
 
+@attr.s(init=False)
+class NoInit:
+    x = attr.ib(default=1)
+
+
+@dataclasses.dataclass(init=False)
+class OwnInit:
+    x: int
+
+    def __init__(self) -> None:
+        self.x = 1
+
+
+class OwnItemInit(scrapy.Item):
+    x = scrapy.Field()
+
+    def __init__(self, value: int) -> None:
+        super().__init__(x=value)
+
+
 class NotAnItem:
     def __init__(self, **kwargs: Any) -> None:
         self.kwargs = kwargs
@@ -322,6 +342,14 @@ class TestItemAllowList:
 
         with pytest.raises(RequestEncodeError, match="not defined at the top level"):
             codec.encode(Request("http://example.com/", meta={"x": Local(1)}))
+
+    @pytest.mark.parametrize("item", [NoInit(), OwnInit(), OwnItemInit(1)])
+    def test_item_whose_constructor_does_not_take_its_fields_is_refused_when_stored(
+        self, codec: RequestCodec, item: Any
+    ) -> None:
+        # Every worker would fail to rebuild it: refused where it is queued instead.
+        with pytest.raises(RequestEncodeError, match="cannot be rebuilt from its fields"):
+            codec.encode(Request("http://example.com/", meta={"x": item}))
 
     def test_pydantic_like_and_other_objects_are_refused_when_stored(
         self, codec: RequestCodec
