@@ -3,6 +3,9 @@ meta could carry richer types (captured from it, in ``golden_payloads.json``).
 
 Plain requests must not grow (the queue stores every payload, the benchmarks count
 them) and payloads already in a crawl's Redis must keep decoding to the same request.
+A payload's fields follow the order of Scrapy's ``Request.attributes``, which differs
+between Scrapy versions: the bytes are exact on the Scrapy they were captured with,
+and on any other the same map of the same size.
 """
 
 from __future__ import annotations
@@ -12,12 +15,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import scrapy
 from scrapy import FormRequest, Request, Spider
 from scrapy.http import JsonRequest
 from scrapy.http.request import NO_CALLBACK
 
 from scrapy_redisspine.request_codec import RequestCodec
-from scrapy_redisspine.serialization import get_serializer
+from scrapy_redisspine.serialization import get_serializer, loads_any
+
+CAPTURED_WITH = "2.19.0"  # the Scrapy of main's codec when the payloads were captured
 
 GOLDEN: dict[str, str] = json.loads(
     (Path(__file__).with_name("golden_payloads.json")).read_text("utf-8")
@@ -87,8 +93,12 @@ def test_every_golden_payload_has_a_case() -> None:
 def test_payload_bytes_are_unchanged(serializer: str, name: str) -> None:
     spider = GoldenSpider()
     codec = RequestCodec(spider, get_serializer(serializer))
-    request = _cases(spider)[name]
-    assert codec.encode(request).hex() == GOLDEN[f"{serializer}/{name}"]
+    payload = codec.encode(_cases(spider)[name])
+    golden = bytes.fromhex(GOLDEN[f"{serializer}/{name}"])
+    if scrapy.__version__ == CAPTURED_WITH:
+        assert payload == golden
+    else:
+        assert (len(payload), loads_any(payload)) == (len(golden), loads_any(golden))
 
 
 @pytest.mark.parametrize("serializer", ["msgpack", "json"])
