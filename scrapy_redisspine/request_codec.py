@@ -5,17 +5,24 @@ Scrapy's own ``request_from_dict`` imports whatever ``_class`` a payload names a
 so this codec accepts only Request classes on an allow-list and only callbacks that
 are methods of the running spider. Callback names are looked up once per function
 (``Request.to_dict(spider=...)`` scans the spider's members on every call).
+
+Meta and cb_kwargs may hold the serializer's typed values and two kinds of objects
+this codec stores for it: requests (by the same rules as the request itself) and
+items (by the rules of ``_items``). What the encoder accepts, a worker with the same
+settings decodes: each rule is checked on both sides.
 """
 
 from __future__ import annotations
 
 import inspect
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from scrapy import Request, Spider
 from scrapy.http.request import NO_CALLBACK
 from scrapy.utils.misc import load_object
 
+from scrapy_redisspine._items import ItemClasses
 from scrapy_redisspine.serialization import SerializationError, Serializer, loads_any
 
 if TYPE_CHECKING:
@@ -41,9 +48,11 @@ _DEFAULTS: dict[str, Any] = {
     "cb_kwargs": {}, "callback": None, "errback": None,
 }
 
-#: What a payload may never name as a callback: scrapy.Spider's own attributes
-#: (``__init__``, ``start``, ``_set_crawler`` ...) except ``parse``.
-_SPIDER_MACHINERY = frozenset(name for name in dir(Spider) if name != "parse")
+#: What is never a callback, on either side: scrapy.Spider's own attributes
+#: (``__init__``, ``start``, ``_set_crawler`` ...) except ``parse`` and ``_parse``
+#: (what Scrapy itself calls for a request without a callback). A spider's other
+#: methods are callbacks, private ones (``_parse_detail``) included.
+_SPIDER_MACHINERY = frozenset(dir(Spider)) - {"parse", "_parse"}
 
 
 class RequestEncodeError(ValueError):
@@ -59,16 +68,22 @@ def _class_path(cls: type) -> str:
 
 
 class RequestCodec:
-    """Turns requests into payloads for one spider, and back."""
+    """Turns requests into payloads for one spider, and back.
+
+    ``items`` are the item classes that may travel in meta; by default those of the
+    spider's settings and project (:meth:`ItemClasses.for_spider`).
+    """
 
     def __init__(
         self,
         spider: Spider | None,
         serializer: Serializer,
         allowed_classes: Iterable[str] = (),
+        items: ItemClasses | None = None,
     ) -> None:
         self.spider = spider
         self.serializer = serializer
+        self.items = ItemClasses.for_spider(spider) if items is None else items
         self._allowed: dict[str, type[Request] | None] = dict.fromkeys(
             (*BUILTIN_REQUEST_CLASSES, *allowed_classes)
         )
@@ -80,15 +95,35 @@ class RequestCodec:
         if callback_name is not None:
             data["callback"] = callback_name
         try:
-            return self.serializer.dumps(data)
+            return self.serializer.dumps(data, self)
         except SerializationError as exc:
             raise RequestEncodeError(self._explain(request, data, exc)) from exc
 
     def decode(self, payload: bytes) -> Request:
         try:
-            data = loads_any(payload)
+            data = loads_any(payload, self)
         except SerializationError as exc:
             raise RequestDecodeError(str(exc)) from exc
+        return self._from_dict(data)
+
+    def object_parts(self, value: Any) -> tuple[str, Any] | None:
+        """The serializer's hook: a request or an item found in meta or cb_kwargs."""
+        if isinstance(value, Request):
+            return "request", self._to_dict(value)
+        parts = self.items.object_parts(value)
+        return None if parts is None else ("item", parts)
+
+    def rebuild_object(self, kind: str, parts: Any) -> Any:
+        if kind == "item":
+            return self.items.rebuild(parts)
+        if kind != "request" or not isinstance(parts, dict):
+            raise SerializationError(f"malformed {kind}: {parts!r:.80}")
+        try:
+            return self._from_dict(parts)
+        except RequestDecodeError as exc:
+            raise SerializationError(f"request in meta: {exc}") from exc
+
+    def _from_dict(self, data: dict[str, Any]) -> Request:
         cls = self._request_class(data.pop("_class", "scrapy.http.request.Request"))
         for field in ("callback", "errback"):
             data[field] = self._method(data.get(field), field)
@@ -147,13 +182,18 @@ class RequestCodec:
             # Name-mangled (``__parse``) or aliased: search the spider once.
             name = next(
                 (n for n, m in inspect.getmembers(self.spider, inspect.ismethod)
-                 if m.__func__ is target),
+                 if m.__func__ is target and n not in _SPIDER_MACHINERY),
                 "",
             )
             if not name:
                 raise RequestEncodeError(
                     f"cannot store {request}: its {field} {func!r} is not found on the spider"
                 )
+        if name in _SPIDER_MACHINERY:
+            raise RequestEncodeError(
+                f"cannot store {request}: its {field} {name!r} is part of scrapy.Spider's "
+                f"machinery, which no worker calls as a callback; use a method of your own"
+            )
         self._names[target] = name
         return name
 
@@ -189,23 +229,59 @@ class RequestCodec:
         return cls
 
     def _explain(self, request: Request, data: dict[str, Any], exc: Exception) -> str:
-        """Name the field (and meta / cb_kwargs key) that cannot be serialized."""
+        """Name the field, and the key path inside it, that cannot be serialized."""
         for field, value in data.items():
-            if field in ("meta", "cb_kwargs") and isinstance(value, dict):
-                for key, item in value.items():
-                    if not self._serializable({"v": item}):
-                        return (
-                            f"cannot store {request}: {field}[{key!r}] holds a "
-                            f"{type(item).__name__}, which the {self.serializer.name} "
-                            f"serializer cannot encode ({exc})"
-                        )
-            elif not self._serializable({"v": value}):
+            if self._error(value) is None:
+                continue
+            path, culprit, cycle = self._culprit(value, field, ())
+            if cycle:
+                return (f"cannot store {request}: {path} holds a {type(culprit).__name__} "
+                        f"that contains itself; a cycle cannot be stored")
+            if field not in ("meta", "cb_kwargs") and path == field:
                 return f"cannot store {request}: its {field} cannot be encoded ({exc})"
+            return (
+                f"cannot store {request}: {path} holds a {type(culprit).__name__}, which "
+                f"the {self.serializer.name} serializer cannot encode ({self._error(culprit)})"
+            )
         return f"cannot store {request}: {exc}"
 
-    def _serializable(self, data: dict[str, Any]) -> bool:
+    def _culprit(self, value: Any, path: str, above: tuple[int, ...]) -> tuple[str, Any, bool]:
+        """The innermost part of ``value`` (at ``path``) that does not encode, and
+        whether it is a cycle (a part that contains itself)."""
+        above = (*above, id(value))
+        for step, child in self._children(value):
+            if id(child) in above:
+                return path, value, True
+            if self._error(child) is not None:
+                return self._culprit(child, f"{path}{step}", above)
+        return path, value, False
+
+    def _children(self, value: Any) -> Iterable[tuple[str, Any]]:
+        if isinstance(value, dict):
+            for key, child in value.items():
+                yield f" (key {key!r})", key
+                yield f"[{key!r}]", child
+        elif isinstance(value, (list, tuple)):
+            yield from ((f"[{index}]", child) for index, child in enumerate(value))
+        elif isinstance(value, (set, frozenset)):
+            yield from ((f" (element {child!r})", child) for child in value)
+        else:
+            try:  # an item or request refused as a whole is the culprit itself
+                self.object_parts(value)
+            except (TypeError, ValueError):
+                return
+            if isinstance(value, Request):
+                yield from ((f".meta[{key!r}]", child) for key, child in value.meta.items())
+                yield from ((f".cb_kwargs[{key!r}]", child)
+                            for key, child in value.cb_kwargs.items())
+            else:
+                fields = self.items.fields_of(value) or {}
+                step = "[{!r}]" if isinstance(value, Mapping) else ".{}"  # scrapy.Item: a mapping
+                yield from ((step.format(name), child) for name, child in fields.items())
+
+    def _error(self, value: Any) -> str | None:
         try:
-            self.serializer.dumps(data)
-        except SerializationError:
-            return False
-        return True
+            self.serializer.dumps({"v": value}, self)
+        except SerializationError as exc:
+            return str(exc)
+        return None

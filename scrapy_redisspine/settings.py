@@ -95,6 +95,14 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("REDISSPINE_ALLOWED_REQUEST_CLASSES", (), as_str_tuple, (),
             "Dotted paths of Request subclasses, besides Scrapy's own, that a "
             "worker may rebuild from Redis. Any other `_class` is refused."),
+    Setting("REDISSPINE_ALLOWED_ITEM_CLASSES", (), as_str_tuple, (),
+            "Item classes (scrapy.Item subclasses, dataclasses, attrs classes) that "
+            "may travel in `meta` and `cb_kwargs`, besides those of the project's own "
+            "package (the top-level package of `SPIDER_MODULES` and of the spider's "
+            "module): dotted paths of classes, or of modules or packages whose classes "
+            "they allow. A class named in full is imported when a payload names it; "
+            "classes under a module or package must be in modules the worker already "
+            "imported. See \"Requests travel as data\"."),
     Setting("REDISSPINE_QUEUE_ORDER", "fifo", as_choice, (_ORDERS,),
             "Order among requests of equal priority: `fifo` or `lifo`. Higher "
             "`request.priority` always goes first."),
@@ -222,6 +230,7 @@ class SpineConfig:
     flush_on_start: bool
     serializer: str
     allowed_request_classes: tuple[str, ...]
+    allowed_item_classes: tuple[str, ...]
     queue_order: str
     lease_batch_size: int
     enqueue_batch_size: int

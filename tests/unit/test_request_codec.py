@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import msgpack
@@ -7,6 +8,7 @@ import pytest
 from scrapy import FormRequest, Request, Spider
 from scrapy.http import JsonRequest
 from scrapy.http.request import NO_CALLBACK
+from scrapy.spiders import CrawlSpider
 
 import scrapy_redisspine.request_codec as request_codec_module
 from scrapy_redisspine.request_codec import RequestCodec, RequestDecodeError, RequestEncodeError
@@ -34,6 +36,22 @@ class CodecSpider(Spider):
         return Request("http://example.com/private", callback=self.__parse_private)
 
     alias = parse_item
+
+
+class PrivateSpider(CrawlSpider):
+    name = "private"
+
+    def _parse_detail(self, response: Any) -> None:
+        pass
+
+    def __mangled(self, response: Any) -> None:
+        pass
+
+    def closed(self, reason: str) -> None:
+        pass
+
+    def log(self, response: Any) -> None:  # type: ignore[override]
+        pass
 
 
 class UserRequest(Request):
@@ -139,9 +157,12 @@ class TestRoundTrip:
         copy = _assert_round_trip(codec, request)
         assert isinstance(copy.cookies, list)
 
-    def test_tuples_in_meta_come_back_as_lists(self, codec: RequestCodec) -> None:
-        copy = _round_trip(codec, Request("http://example.com/", meta={"t": (1, 2)}))
-        assert copy.meta["t"] == [1, 2]
+    def test_tuples_and_sets_in_meta_come_back_as_they_were(self, codec: RequestCodec) -> None:
+        meta = {"t": (1, 2), "s": {1, 2}, "f": frozenset({"a"}), 1: "int key"}
+        copy = _assert_round_trip(codec, Request("http://example.com/", meta=meta))
+        assert type(copy.meta["t"]) is tuple
+        assert type(copy.meta["s"]) is set
+        assert type(copy.meta["f"]) is frozenset
 
     def test_form_request(self, codec: RequestCodec, spider: CodecSpider) -> None:
         request = FormRequest(
@@ -279,6 +300,40 @@ class TestCallbacks:
         with pytest.raises(RequestDecodeError, match="callback"):
             codec.decode(payload)
 
+    def test_private_methods_of_the_spider_are_callbacks(self, serializer_name: str) -> None:
+        spider = PrivateSpider()
+        codec = RequestCodec(spider, get_serializer(serializer_name))
+        for callback in (spider._parse_detail, spider._parse, spider._callback,
+                         spider.parse_start_url):
+            copy = _assert_round_trip(codec, Request("http://example.com/", callback=callback))
+            assert copy.callback == callback
+
+    def test_spider_machinery_is_refused_when_stored(self, serializer_name: str) -> None:
+        spider = PrivateSpider()
+        codec = RequestCodec(spider, get_serializer(serializer_name))
+        for name in ("_set_crawler", "start", "log"):
+            with pytest.raises(RequestEncodeError, match=f"{name}.*scrapy.Spider's machinery"):
+                codec.encode(Request("http://example.com/", callback=getattr(spider, name)))
+
+    def test_what_encodes_as_a_callback_decodes_as_the_same(self, serializer_name: str) -> None:
+        # Every bound method of a spider (its own, CrawlSpider's, Spider's, an override of
+        # Spider's machinery): refused when stored, or rebuilt as the same method.
+        spider = PrivateSpider()
+        codec = RequestCodec(spider, get_serializer(serializer_name))
+        accepted = []
+        for name, method in inspect.getmembers(spider, inspect.ismethod):
+            for field in ("callback", "errback"):
+                try:
+                    payload = codec.encode(Request("http://example.com/", **{field: method}))
+                except RequestEncodeError:
+                    continue
+                assert getattr(codec.decode(payload), field).__func__ is method.__func__, name
+                accepted.append(name)
+        assert {"_parse_detail", "_PrivateSpider__mangled", "parse", "_parse", "closed"} <= set(
+            accepted
+        )
+        assert "log" not in accepted  # overrides Spider.log: still Spider's name
+
     def test_callback_refused_without_a_spider(self, serializer_name: str) -> None:
         codec = RequestCodec(None, get_serializer(serializer_name))
         payload = codec.serializer.dumps({"url": "http://example.com/", "callback": "parse"})
@@ -322,7 +377,7 @@ class TestCallbacks:
 
 
 class TestEncodeErrors:
-    @pytest.mark.parametrize("value", [object(), {1, 2}, Spider])
+    @pytest.mark.parametrize("value", [object(), Spider, print])
     def test_unserializable_meta_names_the_key(self, codec: RequestCodec, value: Any) -> None:
         request = Request("http://example.com/", meta={"fine": 1, "culprit": value})
         with pytest.raises(RequestEncodeError) as info:

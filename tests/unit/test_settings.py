@@ -34,6 +34,7 @@ def test_defaults() -> None:
         "flush_on_start": False,
         "serializer": "msgpack",
         "allowed_request_classes": (),
+        "allowed_item_classes": (),
         "queue_order": "fifo",
         "lease_batch_size": 16,
         "enqueue_batch_size": 500,
@@ -372,3 +373,13 @@ def test_readme_table_gives_the_declared_defaults() -> None:
         if ast.literal_eval(rows[setting.name][0].strip("`")) != setting.default
     }
     assert not wrong, f"README defaults that differ from SETTINGS: {wrong}"
+
+
+def test_allowed_item_classes() -> None:
+    assert load_config({}).allowed_item_classes == ()
+    config = load_config({"REDISSPINE_ALLOWED_ITEM_CLASSES": "shop.items.Product, vendor"})
+    assert config.allowed_item_classes == ("shop.items.Product", "vendor")
+    config = load_config(Settings({"REDISSPINE_ALLOWED_ITEM_CLASSES": ["a.B"]}))
+    assert config.allowed_item_classes == ("a.B",)
+    with pytest.raises(ConfigError, match="REDISSPINE_ALLOWED_ITEM_CLASSES"):
+        load_config({"REDISSPINE_ALLOWED_ITEM_CLASSES": ["a.B", 3]})
