@@ -73,20 +73,23 @@ class ItemClasses:
         self._classes: dict[str, type] = {}
 
     @classmethod
-    def for_spider(cls, spider: Spider | None) -> ItemClasses:
-        """The setting's entries, plus the top-level packages of the project's
-        ``SPIDER_MODULES`` and of the running spider's own module."""
-        allowed: tuple[str, ...] = ()
+    def for_spider(
+        cls, spider: Spider | None, allowed: Iterable[str] | None = None
+    ) -> ItemClasses:
+        """``allowed`` (by default the spider's setting), plus the top-level packages
+        of the project's ``SPIDER_MODULES`` and of the running spider's own module.
+        The scheduler passes its loaded config's entries; tools read the setting."""
         modules: list[str] = []
         crawler = getattr(spider, "crawler", None)
         if crawler is not None:
-            from scrapy_redisspine.settings import load_config
+            if allowed is None:
+                from scrapy_redisspine.settings import load_config
 
-            allowed = load_config(crawler.settings).allowed_item_classes
+                allowed = load_config(crawler.settings).allowed_item_classes
             modules += crawler.settings.getlist("SPIDER_MODULES")
         if spider is not None:
             modules.append(type(spider).__module__)
-        return cls(allowed, (module.partition(".")[0] for module in modules if module))
+        return cls(allowed or (), (module.partition(".")[0] for module in modules if module))
 
     def covers(self, path: str) -> bool:
         return any(path == entry or path.startswith(f"{entry}.") for entry in self._entries)

@@ -35,6 +35,7 @@ from scrapy_redisspine._engine import EngineHooks, EnginePort
 from scrapy_redisspine._fleet import FleetMember
 from scrapy_redisspine._guard import RedisGuard
 from scrapy_redisspine._host_policy import HostPolicy
+from scrapy_redisspine._items import ItemClasses
 from scrapy_redisspine._joining import (
     REASON_CONFIG,
     REASON_CORRUPT,
@@ -178,7 +179,8 @@ class Scheduler(BaseScheduler):
         """Build the parts that work on the frontier, each given what it uses."""
         config, stats, clock = self.config, self.stats, self.clock
         self.codec = RequestCodec(
-            spider, get_serializer(config.serializer), config.allowed_request_classes
+            spider, get_serializer(config.serializer), config.allowed_request_classes,
+            ItemClasses.for_spider(spider, config.allowed_item_classes),
         )
         self.hosts = HostPolicy(config, self.frontier, self.guard, self.book, stats)
         self.outbox = Outbox(

@@ -30,7 +30,8 @@ def test_workers_that_join_before_anything_is_queued_wait_for_the_seeds(
     # Two workers only join (their spider yields no start request); the seeding
     # worker starts later and yields its start requests slowly. Nobody may finish
     # before the crawl is done.
-    site = site_factory(hosts=3, pages_per_host=10, latency=0.02)
+    # slow pages keep the seeder's one download slot busy, so the joiners get work
+    site = site_factory(hosts=3, pages_per_host=10, latency=0.3)
     joiners = fleet.start(2, fleet.crawling(site, LINKS_JOIN_ONLY=True), log="joiners")
     time.sleep(2)
     assert all(worker.process.poll() is None for worker in joiners), "a joiner finished early"
