@@ -49,7 +49,11 @@ class HandBack:
         self._config = config
 
     def hand_back(self, reason: str) -> None:
-        """Send what is buffered, return unstarted leases, leave; retry a short outage."""
+        """Send what is buffered, return unstarted leases, leave; retry a short outage.
+        A full Redis is not a down one: new discoveries are shed (counted, logged) and
+        the rest goes at once, since what is left needs no room (the scripts write a
+        non-"denyoom" command first)."""
+        cause = "unreachable"
         for attempt in range(_CLOSE_ATTEMPTS):
             try:
                 self._outbox.flush()
@@ -58,13 +62,18 @@ class HandBack:
                     self._note_finished()
                 self._frontier.leave()
                 return
+            except redis.exceptions.OutOfMemoryError as exc:
+                cause = "full (out of memory)"
+                self._outbox.shed_buffered()  # what is left needs no room
+                self._guard.failed("close", exc)
             except redis.RedisError as exc:
+                cause = "unreachable"
                 self._guard.failed("close", exc)
                 time.sleep(0.2 * 2**attempt)
         logger.error(
-            "redisspine: Redis unreachable while closing: %d unsent request(s) of this "
+            "redisspine: Redis %s while closing: %d unsent request(s) of this "
             "worker are lost; its %d lease(s) stay in Redis and will be requeued by the "
-            "other workers' sweeps", len(self._outbox),
+            "other workers' sweeps", cause, len(self._outbox),
             self._book.ready + self._book.handed_out,
         )
 

@@ -186,7 +186,7 @@ class Outbox:
 
     def send_failed(self, exc: Exception) -> None:
         if isinstance(exc, redis.exceptions.OutOfMemoryError):
-            self._shed_buffered()
+            self.shed_buffered()
         self._guard.failed("enqueue", exc)
 
     def close(self) -> None:
@@ -209,11 +209,11 @@ class Outbox:
                 "see redisspine/memory/shed", request,
             )
 
-    def _shed_buffered(self) -> None:
+    def shed_buffered(self) -> None:
         """Redis refused writes (OOM): keep work in progress, drop new discoveries,
         and start requests another worker already injected (a read still works on a
-        full Redis; without it a worker that joined late would wait for room for
-        requests the crawl has had all along)."""
+        full Redis). What is kept goes in on the next try however full Redis is: a
+        batch of only start and dont_filter requests needs no room (enqueue.lua)."""
         kept: list[tuple[NewRequest, Request]] = []
         for entry, request in self._requests:
             if entry.is_start or request.dont_filter:

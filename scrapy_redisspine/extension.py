@@ -202,11 +202,12 @@ class Recovery:
                                name, worker.upkeep.keys.stats)
         for name, value in counters.items():
             self.stats.set_value(f"redisspine/fleet/{name}", value)
+        alive = worker.upkeep.workers_alive(self.config.worker_timeout_ms)
+        self.stats.set_value("redisspine/fleet/workers_alive", alive)
+        # last: the one write here, which a full Redis refuses (the reads above stand)
         worker.upkeep.record_progress(
             int(self.stats.get_value("redisspine/scheduler/acked", 0)), counters.get("acked", 0)
         )
-        alive = worker.upkeep.workers_alive(self.config.worker_timeout_ms)
-        self.stats.set_value("redisspine/fleet/workers_alive", alive)
 
     def _watch_memory(self, worker: signals.WorkerView) -> None:
         used, maxmemory = worker.upkeep.memory()

@@ -43,6 +43,9 @@ Returns { statuses, acked, repairs }: statuses has one character per request,
 "c" dropped: its lane's backlog is at the cap; acked counts the acks that matched;
 repairs lists the values of crawl keys repaired (lib/numbers.lua).
 
+A batch of only start requests and dont_filter requests is never refused for lack of
+memory (see below); other batches are, unless an ack wrote first (lease.lua).
+
 Every key is read, or its type checked, before the first write: a key of the wrong
 type fails the script before an ack is applied or a fingerprint recorded (a
 fingerprint recorded for a request that never reached the queue would be lost: its
@@ -125,6 +128,25 @@ if n_acks > 0 then
             call_in_chunks("HDEL", requeues, done_keys)
         end
         lanes_write(lanes_done, lanes_before, freed, nil, rests, false)
+    end
+end
+
+-- Start requests and requests that skip dedup (retries, redirects: dont_filter) are
+-- work the crawl already has, not new discoveries: a batch of only those goes in on a
+-- full Redis too. Redis checks maxmemory only before a script's first write, and SREM
+-- is no "denyoom" command (nor is the member "" ever a fingerprint). Without this a
+-- worker holding such a batch and no ack would wait for room that may never come.
+if acked == 0 and n_requests > 0 then
+    local kept_only = true
+    for i = 0, n_requests - 1 do
+        local flags = ARGV[first_request + 5 * i]
+        if string.find(flags, "f", 1, true) and not string.find(flags, "s", 1, true) then
+            kept_only = false
+            break
+        end
+    end
+    if kept_only then
+        redis.call("SREM", starts, "")
     end
 end
 

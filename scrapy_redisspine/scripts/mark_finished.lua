@@ -21,5 +21,7 @@ end
 if redis.call("ZCARD", queue) > 0 or redis.call("HLEN", inflight) > 0 then
     return 0
 end
+-- HDEL first: no "denyoom" command, so the record is marked on a full Redis too
+redis.call("HDEL", record, "finished_ms")
 redis.call("HSET", record, "finished_ms", clock_ms())
 return 1

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from scrapy_redisspine.testing.linkgraph import host_address
 from scrapy_redisspine.testing.redis_server import RedisServer
 from tests.integration.crawlproc import (
     assert_all_fetched,
@@ -192,6 +193,31 @@ def test_small_maxmemory_is_watched_not_hit(fleet: Fleet, site_factory: SiteFact
     logs = "\n".join(r.log for r in results)
     assert "near its memory budget" in logs
     assert "Traceback" not in logs
+
+
+def test_a_worker_joining_a_redis_that_stays_full_brings_its_start_request_and_finishes(
+    fleet: Fleet, site_factory: SiteFactory,
+) -> None:
+    # Redis fills up mid-crawl and never gets room back (the dedup SET keeps what it
+    # grew). A worker that joins then, with a start request nobody had, must bring
+    # it in and let the fleet finish: waiting for room would wait forever.
+    site = site_factory(hosts=2, pages_per_host=40, fanout=4, latency=0.02)
+    extra = f"http://{host_address(0)}:{site.port}/joined-late"  # a 404: in the site's log
+    with RedisServer() as server:
+        settings = _settings(fleet, site, REDISSPINE_REDIS_URL=server.url, CONCURRENT_REQUESTS=2)
+        [first] = fleet.start(1, settings, log="first")
+        wait_for(lambda: len(site.requests()) >= 10, 30, "the crawl to get going")
+        used = int(server.client().info("memory")["used_memory"])
+        server.client().config_set("maxmemory", used)
+        [late] = fleet.start(1, {**settings, "LINKS_EXTRA_START_URLS": extra}, log="late")
+        results = wait_workers([first, late], timeout=120)
+        over = int(server.client().info("memory")["used_memory"]) >= used
+    assert_finished(results)
+    assert over, "Redis got room back: the case is not the one under test"
+    assert any(r["path"] == "/joined-late" for r in site.requests()), "the late start was lost"
+    logs = "\n".join(r.log for r in results)
+    assert "Traceback" not in logs
+    assert "while closing" not in logs, "what a closing worker held needs no room"
 
 
 def test_requests_that_fail_or_are_ignored_leave_in_flight(

@@ -796,6 +796,29 @@ class TestFullRedisWhileLeasing:
             scheduler.close("shutdown")
 
 
+class TestFullRedisAtClose:
+    def test_unstarted_leases_go_back_and_the_worker_leaves_on_a_full_redis(
+        self, redis_url: str, redis_server: RedisServer, clock: task.Clock,
+    ) -> None:
+        # Closing frees as much as it takes: a full Redis must not keep a closing
+        # worker's unstarted leases from the queue, nor the worker in the fleet.
+        scheduler = _open_on(redis_url, clock, REDISSPINE_LEASE_BATCH_SIZE=2)
+        client = redis_server.client()
+        keys = scheduler.frontier.keys
+        try:
+            for url in ("http://a.example/", "http://b.example/"):
+                scheduler.enqueue_request(Request(url))
+            assert scheduler.next_request() is not None  # the other lease waits
+            client.config_set("maxmemory", 1)
+            scheduler.close("shutdown")  # neither was fetched: both go back
+            assert client.zcard(keys.queue) == 2, "the unstarted leases went back"
+            assert client.hlen(keys.inflight) == 0
+            assert client.zscore(keys.workers, scheduler.frontier.worker_id) is None
+        finally:
+            client.config_set("maxmemory", 0)
+            client.close()
+
+
 class TestFencedScheduler:
     def test_fenced_drops_ready_leases_and_the_stale_ack_is_refused(
         self, make_scheduler: MakeScheduler, client: redis.Redis
@@ -1229,11 +1252,13 @@ class TestRecoveryExtension:
 
 
 class TestFullRedisAtStart:
-    def test_start_requests_already_injected_do_not_wait_for_room(
+    def test_start_requests_go_in_on_a_full_redis_so_a_late_worker_finishes(
         self, redis_url: str, redis_server: RedisServer, clock: task.Clock,
     ) -> None:
-        # A worker that joins late, when Redis is full: its start requests are the
-        # ones the crawl had all along, so they need no room, and the crawl can finish.
+        # A worker that joins late, when Redis is full and stays full (the crawl's dedup
+        # SET outgrew the budget): its start requests are work, not discoveries. The
+        # ones the crawl had all along are skipped, a new one goes in all the same:
+        # waiting for room would keep the worker from finishing for good.
         first = _open_on(redis_url, clock)
         late = build_scheduler(redis_url, clock, "w2")
         late.open(SchedSpider())
@@ -1244,11 +1269,39 @@ class TestFullRedisAtStart:
             client.config_set("maxmemory", 1)
             late.enqueue_request(_start("http://example.com/start"))
             late.enqueue_request(_start("http://example.com/other-start"))
-            assert not late.outbox.try_flush()
-            assert len(late.outbox) == 1, "the new start request waits for room"
+            assert late.outbox.try_flush(), "no room is needed for start requests"
+            assert late.outbox.empty
             assert _stat(late, "redisspine/scheduler/start_requests_skipped") == 1
+            assert _stat(late, "redisspine/memory/shed") is None
+            members = [m for m, _ in _queue(client, late.frontier.keys)]
+            assert len(members) == 2
+            assert any(b"other-start" in m for m in members)
         finally:
             client.config_set("maxmemory", 0)
             client.close()
             first.close("shutdown")
             late.close("shutdown")
+
+    def test_a_refused_batch_sheds_discoveries_and_its_start_goes_in_on_the_retry(
+        self, redis_url: str, redis_server: RedisServer, clock: task.Clock,
+    ) -> None:
+        # A batch of a start request and a discovery, no ack: a full Redis refuses
+        # it whole. The discovery is shed (counted, logged); the start request is
+        # kept and goes in on the next try although Redis is still full.
+        scheduler = _open_on(redis_url, clock)
+        client = redis_server.client()
+        try:
+            client.config_set("maxmemory", 1)
+            scheduler.enqueue_request(_start("http://example.com/start"))
+            scheduler.enqueue_request(Request("http://example.com/found"))
+            assert not scheduler.outbox.try_flush()
+            assert _stat(scheduler, "redisspine/memory/shed") == 1
+            assert len(scheduler.outbox) == 1
+            assert scheduler.outbox.try_flush(), "the kept start request needs no room"
+            members = [m for m, _ in _queue(client, scheduler.frontier.keys)]
+            assert len(members) == 1
+            assert b"/start" in members[0]
+        finally:
+            client.config_set("maxmemory", 0)
+            client.close()
+            scheduler.close("shutdown")

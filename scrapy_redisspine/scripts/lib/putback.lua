@@ -12,8 +12,10 @@ put_back(queue, owner, key, member)
 -- #include lanes
 -- #include entry
 local function put_back(queue, owner, key, member)
-    redis.call("ZADD", queue, 0, member)
+    -- the lease ends first: HDEL and ZREM are no "denyoom" commands, so a put-back
+    -- (which frees as much as it takes) still works on a full Redis
     lease_end(owner, key)
+    redis.call("ZADD", queue, 0, member)
     local lane = member_lane(member)
     if lane then
         host_released(lane, nil, true)
