@@ -48,6 +48,12 @@ class Orders:
     def stop_leasing(self) -> bool:
         return self.paused or self.drain
 
+    def describe(self) -> str:
+        """What a worker's log says the orders now are: ``paused``, ``draining``,
+        ``paused and draining``, or ``resumed`` (no order in force)."""
+        named = [word for word, on in (("paused", self.paused), ("draining", self.drain)) if on]
+        return " and ".join(named) or "resumed"
+
 
 def read_orders(client: redis.Redis, keys: CrawlKeys) -> Orders:
     raw: dict[bytes, bytes] = client.hgetall(keys.control)  # type: ignore[assignment]
