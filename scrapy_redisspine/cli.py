@@ -43,6 +43,7 @@ from scrapy_redisspine.frontier import Frontier
 from scrapy_redisspine.keys import CrawlKeys
 from scrapy_redisspine.settings import SpineConfig, load_config
 from scrapy_redisspine.status import crawl_exists, list_crawls, read_status
+from scrapy_redisspine.status_eta import LanePace
 from scrapy_redisspine.worker import default_embedded_dir
 
 if TYPE_CHECKING:
@@ -142,11 +143,21 @@ class Context:
         return Frontier(self.client, keys, "cli", concurrency=self.config.host_concurrency)
 
 
+def lane_pace(config: SpineConfig) -> LanePace:
+    """Each lane's pace by the project's settings (DOWNLOAD_DELAY, DOWNLOAD_SLOTS,
+    REDISSPINE_HOST_DELAYS, REDISSPINE_HOST_CONCURRENCY), as the workers apply them."""
+    slot_delays = {slot: delay for slot, _, delay in config.download_slots if delay >= 0}
+    return LanePace(config.download_delay, {**slot_delays, **dict(config.host_delays)},
+                    config.host_concurrency)
+
+
 def cmd_status(ctx: Context, args: argparse.Namespace) -> int:
     keys = ctx.existing(args.crawl)
     timeout_ms = ctx.config.worker_timeout_ms
+    pace = lane_pace(ctx.config)
     while True:
-        status = read_status(ctx.client, keys, timeout_ms=timeout_ms, top_hosts=args.top)
+        status = read_status(ctx.client, keys, timeout_ms=timeout_ms, top_hosts=args.top,
+                             pace=pace)
         if args.json:
             print(json.dumps(status, indent=2, sort_keys=True))
         else:

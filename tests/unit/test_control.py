@@ -110,9 +110,11 @@ def test_progress_samples_give_rates() -> None:
     client.zadd(keys.progress, {f"{old}:w:1:0:40": old})
     client.hset(keys.stats, "acked", 100)
     client.zadd(keys.queue, {"x": 0})
+    client.zadd(keys.workers, {"w:1": sample.ms})  # a live worker: an ETA is due
     status = read_status(client, keys)
     assert 100 <= status["rate_per_minute"] <= 121
     assert status["eta_seconds"] == 0 or status["eta_seconds"] == 1
+    assert status["eta_bound"] == "rate"
     assert Sample.parse(b"garbage") is None
 
 
