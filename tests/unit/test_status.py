@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from scrapy_redisspine.cli import lane_pace
+from scrapy_redisspine.cli_commands import lane_pace
 from scrapy_redisspine.cli_output import render_status
 from scrapy_redisspine.control import DRAIN, PAUSED, StatsPusher, give_order, record_progress
 from scrapy_redisspine.frontier import NewRequest
