@@ -60,7 +60,7 @@ def cmd_status(ctx: Context, args: argparse.Namespace) -> int:
     clear = sys.stdout.isatty()  # never screen codes into a pipe or a file
     while True:
         status = read_status(ctx.client, keys, timeout_ms=timeout_ms, top_hosts=args.top,
-                             pace=pace)
+                             pace=pace, memory_budget_bytes=ctx.config.memory_budget_bytes)
         if args.json:
             print(json.dumps(status, indent=2, sort_keys=True))
         else:

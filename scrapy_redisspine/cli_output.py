@@ -99,6 +99,15 @@ def _workers_table(workers: Sequence[dict[str, Any]]) -> list[str]:
     )
 
 
+def _memory(memory: dict[str, int | None]) -> str:
+    used, budget = memory["used_bytes"], memory["budget_bytes"]
+    if used is None:
+        return "? (INFO is switched off)"
+    if budget is None:
+        return f"{used} bytes used, no budget (no maxmemory)"
+    return f"{used} bytes used of a {budget} byte budget ({100 * used / budget:.0f} %)"
+
+
 def render_status(status: dict[str, Any]) -> str:
     """The readable status; a section with nothing to show is left out, not printed
     as an empty table."""
@@ -115,6 +124,7 @@ def render_status(status: dict[str, Any]) -> str:
         "  fleet totals: " + ", ".join(f"{name} {fleet.get(name, 0)}" for name in _FLEET_TOTALS),
         f"  dedup {dedup['mode']}: {dedup['set_size']} fingerprints in the SET, "
         f"{dedup['memory_bytes'] if dedup['memory_bytes'] is not None else '?'} bytes",
+        f"  Redis memory: {_memory(status['redis_memory'])}",
         "",
         f"workers: {status['workers_alive']} alive of {status['workers_total']}",
     ]

@@ -172,6 +172,19 @@ def _kept_totals(raw: bytes | str | None, now_ms: int) -> dict[str, Any]:
             "totals_final": state == "closed"}
 
 
+def _redis_memory(client: redis.Redis, budget_bytes: int) -> dict[str, int | None]:
+    """The server's memory (``INFO memory``: one O(1) command) and the budget the
+    workers hold it to: the smaller of ``maxmemory`` and REDISSPINE_MEMORY_BUDGET_BYTES
+    that is set (None: no limit). None for all when INFO is switched off."""
+    try:
+        info = client.info("memory")
+    except redis.ResponseError:
+        return {"used_bytes": None, "max_bytes": None, "budget_bytes": None}
+    used, maxmemory = int(info.get("used_memory", 0)), int(info.get("maxmemory", 0))
+    budget = min((value for value in (maxmemory, budget_bytes) if value > 0), default=None)
+    return {"used_bytes": used, "max_bytes": maxmemory or None, "budget_bytes": budget}
+
+
 def _workers(
     client: redis.Redis, keys: CrawlKeys, now_ms: int, timeout_ms: int, rates: dict[str, float]
 ) -> list[dict[str, Any]]:
@@ -231,10 +244,11 @@ def _state(status: dict[str, Any]) -> str:
 
 def read_status(
     client: redis.Redis, keys: CrawlKeys, *, timeout_ms: int = 30_000, top_hosts: int = 10,
-    pace: LanePace | None = None,
+    pace: LanePace | None = None, memory_budget_bytes: int = 0,
 ) -> dict[str, Any]:
     """The crawl's state as a JSON-ready dict (the shape of ``status --json``);
-    ``pace``: the lanes' delays and concurrency from the project's settings."""
+    ``pace``: the lanes' delays and concurrency from the project's settings, and
+    ``memory_budget_bytes`` its REDISSPINE_MEMORY_BUDGET_BYTES."""
     seconds, micros = client.time()
     now_ms = seconds * 1000 + micros // 1000
     pipe = client.pipeline(transaction=False)
@@ -278,6 +292,7 @@ def read_status(
         "workers": workers,
         "hosts": _hosts(client, keys, backlog, top_hosts, now_ms),
         "dedup": _dedup(client, keys),
+        "redis_memory": _redis_memory(client, memory_budget_bytes),
         "counters": counters,
         "fleet_stats": fleet,
         "errors": _errors(fleet),

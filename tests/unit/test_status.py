@@ -159,3 +159,20 @@ def test_sections_with_nothing_to_show_print_no_empty_table(
     assert "worker  alive" not in text, "no header of an empty workers table"
     assert "top hosts" not in text
     assert "lane" not in text
+
+
+def test_redis_memory_and_the_budget_the_workers_hold_it_to(
+    real_redis: redis.Redis, crawl_keys: CrawlKeys
+) -> None:
+    real_redis.sadd(crawl_keys.crawls, crawl_keys.crawl_id)
+    memory = read_status(real_redis, crawl_keys, memory_budget_bytes=10**12)["redis_memory"]
+    assert memory["used_bytes"] > 0
+    assert memory["budget_bytes"] == 10**12, "no maxmemory: the setting's budget"
+    real_redis.config_set("maxmemory", 10**9)
+    try:
+        status = read_status(real_redis, crawl_keys, memory_budget_bytes=10**12)
+    finally:
+        real_redis.config_set("maxmemory", 0)
+    assert status["redis_memory"]["max_bytes"] == 10**9
+    assert status["redis_memory"]["budget_bytes"] == 10**9, "the smaller of the two"
+    assert "byte budget" in render_status(status)
