@@ -7,6 +7,7 @@
     redisspine requeue-dead CRAWL
     redisspine purge CRAWL [--yes]
     redisspine list
+    redisspine metrics [CRAWL...] [--port 9410] [--host 127.0.0.1]
 
 Global options (--redis-url, --prefix) go before or after the command.
 
@@ -51,6 +52,7 @@ from scrapy_redisspine.connection import (
 )
 from scrapy_redisspine.frontier import Frontier
 from scrapy_redisspine.keys import CrawlKeys
+from scrapy_redisspine.metrics import MAX_CRAWLS
 from scrapy_redisspine.settings import SpineConfig, load_config
 from scrapy_redisspine.status import crawl_exists, list_crawls
 from scrapy_redisspine.worker import default_embedded_dir
@@ -161,6 +163,8 @@ COMMANDS: dict[str, tuple[Callable[[Context, argparse.Namespace], int], str]] = 
     "requeue-dead": (cli_commands.cmd_requeue_dead, "put dead letters back in the queue"),
     "purge": (cli_commands.cmd_purge, "delete every key of a crawl"),
     "list": (cli_commands.cmd_list, "crawls on this Redis"),
+    "metrics": (cli_commands.cmd_metrics,
+                "serve Prometheus metrics of the crawls (needs the 'metrics' extra)"),
 }
 
 
@@ -196,7 +200,19 @@ def _global_options(parser: argparse.ArgumentParser, default: object) -> None:
                         help="key prefix (default: REDISSPINE_KEY_PREFIX)")
 
 
+def _server_options(sub: argparse.ArgumentParser, port: int) -> None:
+    sub.add_argument("--port", type=int_value, default=port, help=f"default {port}")
+    sub.add_argument("--host", default="127.0.0.1",
+                     help="address to listen on (default 127.0.0.1; 0.0.0.0 for every one)")
+    sub.add_argument("--top", type=int_value, default=10, help="busiest lanes to show")
+
+
 def _command_options(name: str, sub: argparse.ArgumentParser) -> None:
+    if name == "metrics":
+        sub.add_argument("crawls", nargs="*", metavar="CRAWL",
+                         help=f"crawl ids (default: every crawl, at most {MAX_CRAWLS})")
+        _server_options(sub, 9410)
+        return
     if name != "list":
         sub.add_argument("crawl", help="crawl id (by default the spider name)")
     if name == "status":

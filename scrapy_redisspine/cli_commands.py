@@ -220,3 +220,34 @@ def cmd_list(ctx: Context, args: argparse.Namespace) -> int:
         queued, inflight, workers = replies[3 * i:3 * i + 3]
         print(f"{crawl}\t{queued} queued\t{inflight} in flight\t{workers} worker(s)")
     return 0
+
+
+def _served(what: str, host: str, port: int, serve: Callable[[], None]) -> int:
+    """Run a server in the foreground; a port that cannot be had is one line."""
+    try:
+        serve()
+    except OSError as exc:
+        raise CliError(f"cannot serve {what} on {host}:{port}: {exc.strerror or exc}") from None
+    return 0
+
+
+def cmd_metrics(ctx: Context, args: argparse.Namespace) -> int:
+    try:
+        import prometheus_client  # noqa: F401 (only: is it there?)
+    except ImportError:
+        raise CliError("redisspine metrics needs prometheus_client: "
+                       "pip install 'scrapy-redisspine[metrics]'") from None
+    from scrapy_redisspine import metrics
+
+    crawls = [ctx.existing(crawl).crawl_id for crawl in args.crawls]
+    read = metrics.read_for(ctx.client, timeout_ms=ctx.config.worker_timeout_ms,
+                            top_lanes=args.top, pace=lane_pace(ctx.config),
+                            memory_budget_bytes=ctx.config.memory_budget_bytes)
+    collector = metrics.FleetCollector(ctx.client, ctx.keys, crawls, read)
+    shown = ", ".join(crawls) or "every crawl"
+
+    def announce(url: str) -> None:
+        print(f"serving Prometheus metrics of {shown} on {url} (Ctrl-C stops)", flush=True)
+
+    return _served("metrics", args.host, args.port,
+                   lambda: metrics.serve(collector, args.host, args.port, announce))
