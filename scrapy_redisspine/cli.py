@@ -8,6 +8,7 @@
     redisspine purge CRAWL [--yes]
     redisspine list
     redisspine metrics [CRAWL...] [--port 9410] [--host 127.0.0.1]
+    redisspine dashboard CRAWL [--port 8410] [--host 127.0.0.1]
 
 Global options (--redis-url, --prefix) go before or after the command.
 
@@ -165,6 +166,7 @@ COMMANDS: dict[str, tuple[Callable[[Context, argparse.Namespace], int], str]] = 
     "list": (cli_commands.cmd_list, "crawls on this Redis"),
     "metrics": (cli_commands.cmd_metrics,
                 "serve Prometheus metrics of the crawls (needs the 'metrics' extra)"),
+    "dashboard": (cli_commands.cmd_dashboard, "serve a live web page of a crawl"),
 }
 
 
@@ -212,6 +214,10 @@ def _command_options(name: str, sub: argparse.ArgumentParser) -> None:
         sub.add_argument("crawls", nargs="*", metavar="CRAWL",
                          help=f"crawl ids (default: every crawl, at most {MAX_CRAWLS})")
         _server_options(sub, 9410)
+        return
+    if name == "dashboard":
+        sub.add_argument("crawl", help="crawl id (by default the spider name)")
+        _server_options(sub, 8410)
         return
     if name != "list":
         sub.add_argument("crawl", help="crawl id (by default the spider name)")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from scrapy_redisspine import control
 from scrapy_redisspine._cli_errors import EXIT_PARTIAL, CliError
@@ -251,3 +251,25 @@ def cmd_metrics(ctx: Context, args: argparse.Namespace) -> int:
 
     return _served("metrics", args.host, args.port,
                    lambda: metrics.serve(collector, args.host, args.port, announce))
+
+
+def cmd_dashboard(ctx: Context, args: argparse.Namespace) -> int:
+    from scrapy_redisspine import _serving
+    from scrapy_redisspine.dashboard_app import Dashboard
+
+    keys = ctx.existing(args.crawl)
+    pace = lane_pace(ctx.config)
+
+    def read() -> dict[str, Any]:
+        return read_status(ctx.client, keys, timeout_ms=ctx.config.worker_timeout_ms,
+                           top_hosts=args.top, pace=pace,
+                           memory_budget_bytes=ctx.config.memory_budget_bytes)
+
+    def announce(url: str) -> None:
+        print(f"serving the dashboard of {args.crawl} on {url} (Ctrl-C stops)", flush=True)
+
+    def serve() -> None:
+        app = Dashboard(ctx.frontier(keys), read)
+        _serving.serve(_serving.wsgi_server(app, args.host, args.port), "/", announce)
+
+    return _served("the dashboard", args.host, args.port, serve)

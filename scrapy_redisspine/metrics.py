@@ -16,10 +16,11 @@ from __future__ import annotations
 import logging
 import sys
 from typing import TYPE_CHECKING, Any
-from wsgiref.simple_server import WSGIRequestHandler
 
 import redis
 
+from scrapy_redisspine._serving import serve as serve_wsgi
+from scrapy_redisspine._serving import wsgi_server
 from scrapy_redisspine.status import list_crawls, read_status
 
 if TYPE_CHECKING:
@@ -65,13 +66,6 @@ _GAUGES = {
     "eta_seconds": ("redisspine_eta_seconds", "Time left, politeness included (absent "
                     "while paused, draining, idle, finished or without workers)"),
 }
-
-
-class QuietHandler(WSGIRequestHandler):
-    """No line on stderr per request (a scrape every few seconds would flood it)."""
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
 
 
 def _families(statuses: Mapping[str, dict[str, Any]]) -> Iterator[Any]:
@@ -184,20 +178,16 @@ class FleetCollector:
 
 def make_server(collector: Collector, host: str, port: int) -> WSGIServer:
     """A WSGI server of ``collector`` on ``host:port`` (0: a free port), not started."""
-    from wsgiref.simple_server import make_server as make_wsgi_server
-
     from prometheus_client import CollectorRegistry, make_wsgi_app
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
-    return make_wsgi_server(host, port, make_wsgi_app(registry), handler_class=QuietHandler)
+    return wsgi_server(make_wsgi_app(registry), host, port)
 
 
 def serve(collector: Collector, host: str, port: int, announce: Callable[[str], None]) -> None:
     """Serve ``/metrics`` (any path, in fact) until interrupted."""
-    with make_server(collector, host, port) as server:
-        announce(f"http://{host}:{server.server_port}/metrics")
-        server.serve_forever()
+    serve_wsgi(make_server(collector, host, port), "/metrics", announce)
 
 
 def read_for(client: redis.Redis, *, timeout_ms: int, top_lanes: int,
