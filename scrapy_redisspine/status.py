@@ -203,7 +203,8 @@ def _workers(
         rows.append({
             "id": worker, "alive": alive, "state": "alive" if alive else "silent",
             "last_heartbeat_ms": int(score),
-            "heartbeat_age_seconds": round((now_ms - score) / 1000, 1),
+            # a beat after this read's TIME: age 0, not negative
+            "heartbeat_age_seconds": round(max(0.0, now_ms - score) / 1000, 1),
             "acks_per_minute": round(rates[worker], 1) if worker in rates else None,
             **_kept_totals(raw, now_ms),
         })

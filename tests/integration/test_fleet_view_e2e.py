@@ -1,9 +1,12 @@
 """Seeing the fleet, against real ``scrapy crawl`` workers: ``redisspine metrics``
-scraped over HTTP gives the numbers of ``redisspine status --json``."""
+scraped over HTTP, and ``redisspine dashboard`` loaded in a real headless Chromium,
+give the numbers of ``redisspine status --json``."""
 
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
 import time
@@ -14,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.integration import browser
 from tests.integration.crawlproc import assert_finished, wait_for, wait_workers
 
 if TYPE_CHECKING:
@@ -124,3 +128,56 @@ def test_metrics_over_http_match_status_json(
     assert_metrics_match(got, finished)
     assert ("redisspine_acks_per_second", (("crawl", crawl),)) not in got, "finished: no rate"
     assert got[("redisspine_up", ())] == 1
+
+
+def _text_of(dom: str, element_id: str) -> str:
+    found = re.search(rf'id="{element_id}"[^>]*>([^<]*)<', dom)
+    assert found, f"no #{element_id} in the page"
+    return found.group(1)
+
+
+def _points(dom: str, element_id: str) -> int:
+    found = re.search(rf'<polyline id="{element_id}"[^>]*data-points="(\d+)"', dom)
+    assert found, f"no #{element_id} line in the chart"
+    return int(found.group(1))
+
+
+def test_dashboard_in_a_real_browser_shows_the_numbers_of_status(
+    fleet: Fleet, site_factory: SiteFactory, redis_url: str, serve: Any, tmp_path: Path
+) -> None:
+    browser.chromium()  # fails now, with how to install it, if there is none
+    site = site_factory(hosts=3, pages_per_host=60, latency=0.05)
+    crawl = fleet.keys.crawl_id
+    workers = fleet.start(2, fleet.crawling(site, **FAST, DOWNLOAD_DELAY=0.2))
+    try:
+        wait_for(lambda: sum(site.fetch_counts().values()) >= 30, 30, "30 pages fetched")
+        time.sleep(2)  # a few progress samples (one per sweep, each second)
+        subprocess.run([COMMAND, "--redis-url", redis_url, "pause", crawl], check=True,
+                       capture_output=True, timeout=30)
+        time.sleep(3)  # a heartbeat to hear it, what was started finishes, totals pushed
+        url = serve("dashboard", crawl)
+        dom = browser.dump_dom(url)
+        status = status_json(redis_url, crawl)
+        # REDISSPINE_DASHBOARD_SCREENSHOT=docs/dashboard.png refreshes the README's
+        browser.screenshot(url, Path(os.environ.get("REDISSPINE_DASHBOARD_SCREENSHOT")
+                                     or tmp_path / "dashboard.png"))
+    finally:
+        for worker in workers:
+            worker.kill()
+    assert 'data-loaded="1"' in dom, "the page loaded its data"
+    assert _text_of(dom, "crawl") == crawl
+    assert _text_of(dom, "state") == status["state"] == "paused"
+    for element_id, key in (("queued", "queued"), ("in-flight", "in_flight"), ("done", "done"),
+                            ("dead-letters", "dead_letters"),
+                            ("workers-alive", "workers_alive")):
+        assert int(_text_of(dom, element_id)) == status[key], element_id
+    assert status["done"] >= 30
+    assert _points(dom, "done-line") >= 2, "the chart has points"
+    assert _points(dom, "queued-line") >= 1
+    workers_rows = re.search(r'id="workers-rows">(.*?)</tbody>', dom, re.S)
+    assert workers_rows, "a workers table"
+    assert workers_rows.group(1).count("<tr>") == 1 + len(status["workers"]), "header + workers"
+    lanes = re.findall(r"<td>(127\.0\.0\.\d+[^<]*)</td>", dom)
+    assert sorted(lanes) == sorted(host["lane"] for host in status["hosts"])
+    assert f"{status['dedup']['set_size']} fingerprints" in dom
+    assert "Redis memory:" in dom
