@@ -16,6 +16,18 @@ setup_venv() {  # setup_venv DIR [extra pip args...]
     "$dir/bin/python" -m pip install -q -e '.[test]' "$@"
 }
 
+# The dashboard test needs a headless Chromium (it fails without one, never skips):
+# installed here when this runs as root on Debian/Ubuntu, else say how.
+if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        echo "== installing chromium (apt) for the dashboard test"
+        (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) \
+            >/dev/null 2>&1 || echo "chromium not installable: the dashboard test will fail"
+    else
+        echo "== no chromium: the dashboard test will fail (apt-get install chromium)"
+    fi
+fi
+
 echo "== setting up .venv"
 setup_venv .venv
 echo "== ruff";  .venv/bin/ruff check .

@@ -184,7 +184,7 @@ class FleetMember:
             self._guard.failed("control", exc)
             return
         if orders != self.orders:
-            logger.info("redisspine: fleet orders now %s", orders)
+            logger.info("redisspine: fleet orders now %s", orders.describe())
             if not orders.stop_leasing:
                 self._wake()
         self.orders = orders

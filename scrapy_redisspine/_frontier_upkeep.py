@@ -191,6 +191,22 @@ class FrontierUpkeep:
             self._scripts.run("reinject_dead", [self.epoch, self.concurrency, *names])
         )
 
+    def drop_dead(self, names: Iterable[str]) -> Count:
+        """Remove dead letters for good (and their requeue counts): how many were."""
+        names = list(names)
+        if not names:
+            return Count(0)
+        return count_result(self._scripts.run("drop_dead", [self.epoch, *names]))
+
+    def dead_letter_names(self, limit: int) -> list[str]:
+        """Up to ``limit`` dead-letter fields (HSCAN; NOVALUES needs Redis 7.4)."""
+        names: list[str] = []
+        for field, _ in self.client.hscan_iter(self.keys.dead, count=limit):
+            names.append(text(field))
+            if len(names) >= limit:
+                break
+        return names
+
     def counts(self) -> tuple[int, int]:
         """(queued, in flight) fleet-wide, in one round trip."""
         pipe = self.client.pipeline(transaction=False)

@@ -35,7 +35,8 @@ def as_number(name: str, value: Any, kind: Callable[[Any], Any], minimum: float)
         if kind is int and isinstance(value, float) and number != value:
             raise ValueError
     except (TypeError, ValueError, OverflowError):
-        raise ConfigError(f"{name} must be a {kind.__name__}, got {value!r}") from None
+        what = "an int" if kind is int else "a number"
+        raise ConfigError(f"{name} must be {what}, got {value!r}") from None
     if not math.isfinite(number) or number < minimum:
         raise ConfigError(f"{name} must be a finite number >= {minimum}, got {value!r}")
     return number

@@ -2,7 +2,8 @@
 
 Sets the scheduler and the dupefilter with the ``addon`` priority, so a project that
 sets them explicitly in settings.py still wins, and enables the recovery extension
-(the sweep that requeues the work of dead workers), the fleet log line, the
+(the sweep that requeues the work of dead workers), the fleet log line, the fleet
+totals (each worker's stats growth summed in Redis), the
 politeness downloader middleware (Retry-After and robots.txt Crawl-delay, shared
 fleet-wide) and the start-requests spider middleware.
 
@@ -68,10 +69,12 @@ class Addon:
         # whichever one it finds, see dupefilter.fleet_dupefilter.)
         _warn_if_overridden(settings, "SCHEDULER", "scrapy_redisspine.scheduler.Scheduler")
         from scrapy_redisspine.extension import FleetLog, Recovery
+        from scrapy_redisspine.fleet_totals import FleetTotals
         from scrapy_redisspine.middleware import Politeness
 
         settings.setdefault_in_component_priority_dict("EXTENSIONS", Recovery, 500)
         settings.setdefault_in_component_priority_dict("EXTENSIONS", FleetLog, 510)
+        settings.setdefault_in_component_priority_dict("EXTENSIONS", FleetTotals, 505)
         # After RetryMiddleware (550) on the way in: sees 429/503 before it retries.
         settings.setdefault_in_component_priority_dict("DOWNLOADER_MIDDLEWARES", Politeness, 560)
         from scrapy_redisspine.startmw import StartRequests

@@ -1,37 +1,49 @@
 """``redisspine``: operate a running fleet from the command line.
 
-    redisspine status CRAWL [--json] [--watch SECONDS]
+    redisspine status CRAWL [--json] [--watch SECONDS] [--top N]
     redisspine seed CRAWL URL... | --file urls.txt ('-': stdin)
     redisspine pause|resume|drain CRAWL
-    redisspine dead-letters CRAWL / requeue-dead CRAWL
+    redisspine dead-letters CRAWL [--drop ID... | --all [--yes]]
+    redisspine requeue-dead CRAWL
     redisspine purge CRAWL [--yes]
     redisspine list
+    redisspine metrics [CRAWL...] [--port 9410] [--host 127.0.0.1]
+    redisspine dashboard CRAWL [--port 8410] [--host 127.0.0.1]
+
+Global options (--redis-url, --prefix) go before or after the command.
 
 Redis: ``--redis-url``, else the environment (``REDISSPINE_REDIS_URL``, ``REDIS_URL``),
 else the Scrapy project's settings (when run inside a project), else the project's
 embedded redis-server (``.scrapy/redisspine/``): joined if it runs, started from its
 append-only file for the command if the last worker stopped it.
 
-Exit codes: 0 done, 1 partly done (e.g. malformed seed lines), 2 bad usage or unknown
-crawl, 3 Redis unreachable.
+Exit codes: 0 done; 1 partly done (malformed seed lines, dead letters not found, a
+question answered no, or asked with no terminal); 2 bad usage, unknown crawl or no
+Redis configured; 3 Redis unreachable or answering with an error; 130 interrupted;
+141 the output pipe closed (e.g. | head).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import redis
 
-from scrapy_redisspine import control
-from scrapy_redisspine.cli_output import print_dead_letters, render_status
+from scrapy_redisspine import cli_commands, control
+from scrapy_redisspine._cli_errors import (
+    EXIT_INTERRUPTED,
+    EXIT_PARTIAL,
+    EXIT_PIPE_CLOSED,
+    EXIT_UNREACHABLE,
+    EXIT_USAGE,
+    CliError,
+)
 from scrapy_redisspine.connection import (
     SOCKET_NAME,
     RedisServerNotFound,
@@ -41,24 +53,18 @@ from scrapy_redisspine.connection import (
 )
 from scrapy_redisspine.frontier import Frontier
 from scrapy_redisspine.keys import CrawlKeys
+from scrapy_redisspine.metrics import MAX_CRAWLS
 from scrapy_redisspine.settings import SpineConfig, load_config
-from scrapy_redisspine.status import crawl_exists, list_crawls, read_status
+from scrapy_redisspine.status import crawl_exists, list_crawls
 from scrapy_redisspine.worker import default_embedded_dir
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable
+    from collections.abc import Callable
 
-    from scrapy import Request
-
-EXIT_PARTIAL, EXIT_USAGE, EXIT_UNREACHABLE = 1, 2, 3
-
-
-class CliError(Exception):
-    """A user-facing failure: its message is printed, its code is the exit code."""
-
-    def __init__(self, message: str, code: int = EXIT_USAGE) -> None:
-        super().__init__(message)
-        self.code = code
+__all__ = [
+    "EXIT_INTERRUPTED", "EXIT_PARTIAL", "EXIT_PIPE_CLOSED", "EXIT_UNREACHABLE", "EXIT_USAGE",
+    "CliError", "Context", "build_parser", "main",
+]
 
 
 def project_config() -> SpineConfig:
@@ -142,176 +148,123 @@ class Context:
         return Frontier(self.client, keys, "cli", concurrency=self.config.host_concurrency)
 
 
-def cmd_status(ctx: Context, args: argparse.Namespace) -> int:
-    keys = ctx.existing(args.crawl)
-    timeout_ms = ctx.config.worker_timeout_ms
-    while True:
-        status = read_status(ctx.client, keys, timeout_ms=timeout_ms, top_hosts=args.top)
-        if args.json:
-            print(json.dumps(status, indent=2, sort_keys=True))
-        else:
-            if args.watch:
-                print("\033[2J\033[H", end="")
-            print(render_status(status))
-        if not args.watch:
-            return 0
-        sys.stdout.flush()
-        time.sleep(args.watch)
-
-
-def _read_lines(args: argparse.Namespace) -> Iterable[tuple[str, str]]:
-    for number, url in enumerate(args.urls, 1):
-        yield f"argument {number}", url.strip()
-    if args.file:
-        stream = sys.stdin if args.file == "-" else open(args.file, encoding="utf-8")  # noqa: SIM115
-        with stream:
-            for number, line in enumerate(stream, 1):
-                text = line.strip()
-                if text and not text.startswith("#"):
-                    yield f"line {number}", text
-
-
-def parse_seeds(lines: Iterable[tuple[str, str]], priority: int) -> tuple[list[Request], int]:
-    """Requests for the well-formed URLs; each malformed one is reported on stderr."""
-    from urllib.parse import urlsplit
-
-    from scrapy import Request
-
-    requests, bad = [], 0
-    for where, url in lines:
-        parts = urlsplit(url)
-        problem = None
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            problem = "not an absolute http(s) URL"
-        else:
-            try:
-                requests.append(Request(url, priority=priority))
-            except ValueError as exc:
-                problem = str(exc)
-        if problem:
-            print(f"redisspine: {where}: skipping {url!r}: {problem}", file=sys.stderr)
-            bad += 1
-    return requests, bad
-
-
-def cmd_seed(ctx: Context, args: argparse.Namespace) -> int:
-    from scrapy_redisspine.push import push_requests
-
-    keys = ctx.keys(args.crawl)
-    if not args.urls and not args.file:
-        raise CliError("nothing to seed: give URLs or --file")
-    requests, bad = parse_seeds(_read_lines(args), args.priority)
-    config = ctx.config
-    result = push_requests(
-        ctx.client, args.crawl, requests, callback=args.callback, prefix=ctx.prefix,
-        serializer=config.serializer, order=config.queue_order,
-        strip_tracking_params=config.dedup_strip_tracking_params,
-        politeness_key=config.politeness_key,
-    )
-    ctx.client.sadd(keys.crawls, keys.crawl_id)
-    print(f"{result.enqueued} new, {len(requests) - result.enqueued} already seen, "
-          f"{bad} malformed")
-    return EXIT_PARTIAL if bad else 0
-
-
-def _order(name: str, on: bool, message: str) -> Callable[[Context, argparse.Namespace], int]:
-    def command(ctx: Context, args: argparse.Namespace) -> int:
-        keys = ctx.existing(args.crawl)
-        if name == control.PAUSED and not on:
-            control.give_order(ctx.client, keys, control.DRAIN, False)
-        control.give_order(ctx.client, keys, name, on)
-        print(message.format(crawl=args.crawl))
-        return 0
-
-    return command
-
-
-def cmd_dead_letters(ctx: Context, args: argparse.Namespace) -> int:
-    letters = ctx.frontier(ctx.existing(args.crawl)).upkeep.dead_letters(args.limit)
-    print_dead_letters(letters)
-    return 0
-
-
-def cmd_requeue_dead(ctx: Context, args: argparse.Namespace) -> int:
-    frontier = ctx.frontier(ctx.existing(args.crawl))
-    letters = frontier.upkeep.dead_letters(args.limit)
-    print_dead_letters(letters)
-    count = frontier.upkeep.reinject_dead(letter.field for letter in letters)
-    print(f"re-injected {count} request(s)")
-    return 0
-
-
-def cmd_purge(ctx: Context, args: argparse.Namespace) -> int:
-    keys = ctx.existing(args.crawl)
-    if not args.yes:
-        alive = ctx.frontier(keys).upkeep.workers_alive(ctx.config.worker_timeout_ms)
-        warning = f" ({alive} worker(s) still alive!)" if alive else ""
-        answer = input(f"Delete every key of crawl {args.crawl!r} on "
-                       f"{describe_url(ctx.url)}{warning}? [y/N] ")
-        if answer.strip().lower() not in ("y", "yes"):
-            print("not purged")
-            return EXIT_PARTIAL
-    deleted = ctx.frontier(keys).upkeep.purge()
-    print(f"purged crawl {args.crawl!r}: {deleted} key(s) deleted")
-    return 0
-
-
-def cmd_list(ctx: Context, args: argparse.Namespace) -> int:
-    crawls = list_crawls(ctx.client, CrawlKeys(ctx.prefix, "_").crawls)
-    if not crawls:
-        print(f"no crawls on {describe_url(ctx.url)} (prefix {ctx.prefix!r})")
-    pipe = ctx.client.pipeline(transaction=False)  # one round trip for every crawl
-    for crawl in crawls:
-        keys = ctx.keys(crawl)
-        pipe.zcard(keys.queue)
-        pipe.hlen(keys.inflight)
-        pipe.zcard(keys.workers)
-    replies = pipe.execute() if crawls else []
-    for i, crawl in enumerate(crawls):
-        queued, inflight, workers = replies[3 * i:3 * i + 3]
-        print(f"{crawl}\t{queued} queued\t{inflight} in flight\t{workers} worker(s)")
-    return 0
-
-
 COMMANDS: dict[str, tuple[Callable[[Context, argparse.Namespace], int], str]] = {
-    "status": (cmd_status, "queue, workers, hosts, dedup and fleet-wide stats"),
-    "seed": (cmd_seed, "add start requests (deduplicated like the crawl's own)"),
-    "pause": (_order(control.PAUSED, True, "paused {crawl}: workers stop leasing"),
+    "status": (cli_commands.cmd_status, "queue, workers, hosts, dedup and fleet-wide stats"),
+    "seed": (cli_commands.cmd_seed, "add start requests (deduplicated like the crawl's own)"),
+    "pause": (cli_commands.order_command(control.PAUSED, True,
+                                         "paused {crawl}: workers stop leasing"),
               "workers stop leasing and keep what they hold"),
-    "resume": (_order(control.PAUSED, False, "resumed {crawl}"), "undo pause (and drain)"),
-    "drain": (_order(control.DRAIN, True, "draining {crawl}: workers finish and exit"),
+    "resume": (cli_commands.order_command(control.PAUSED, False, "resumed {crawl}"),
+               "undo pause (and drain)"),
+    "drain": (cli_commands.order_command(control.DRAIN, True,
+                                         "draining {crawl}: workers finish and exit"),
               "workers finish what is in progress and exit (reason 'drained')"),
-    "dead-letters": (cmd_dead_letters, "list dead letters with their reasons"),
-    "requeue-dead": (cmd_requeue_dead, "put dead letters back in the queue"),
-    "purge": (cmd_purge, "delete every key of a crawl"),
-    "list": (cmd_list, "crawls on this Redis"),
+    "dead-letters": (cli_commands.cmd_dead_letters,
+                     "list dead letters with their reasons, or drop them for good"),
+    "requeue-dead": (cli_commands.cmd_requeue_dead, "put dead letters back in the queue"),
+    "purge": (cli_commands.cmd_purge, "delete every key of a crawl"),
+    "list": (cli_commands.cmd_list, "crawls on this Redis"),
+    "metrics": (cli_commands.cmd_metrics,
+                "serve Prometheus metrics of the crawls (needs the 'metrics' extra)"),
+    "dashboard": (cli_commands.cmd_dashboard, "serve a live web page of a crawl"),
 }
 
 
+def plain(text: str) -> str:
+    """Help text as plain text: the docstrings' ``literal`` markup taken out."""
+    return text.replace("``", "")
+
+
+def int_value(text: str) -> int:
+    """An int option, with the one wording for a bad one: "must be an int"."""
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an int, got {text!r}") from None
+
+
+def seconds_value(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text!r}")
+    return value
+
+
+def _global_options(parser: argparse.ArgumentParser, default: object) -> None:
+    """--redis-url and --prefix: on the main parser (default None) and again on each
+    command (default SUPPRESS, so that one given before the command is kept)."""
+    parser.add_argument("--redis-url", default=default,
+                        help="Redis to talk to (default: the environment, the project)")
+    parser.add_argument("--prefix", default=default,
+                        help="key prefix (default: REDISSPINE_KEY_PREFIX)")
+
+
+def _server_options(sub: argparse.ArgumentParser, port: int) -> None:
+    sub.add_argument("--port", type=int_value, default=port, help=f"default {port}")
+    sub.add_argument("--host", default="127.0.0.1",
+                     help="address to listen on (default 127.0.0.1; 0.0.0.0 for every one)")
+    sub.add_argument("--top", type=int_value, default=10, help="busiest lanes to show")
+
+
+def _command_options(name: str, sub: argparse.ArgumentParser) -> None:
+    if name == "metrics":
+        sub.add_argument("crawls", nargs="*", metavar="CRAWL",
+                         help=f"crawl ids (default: every crawl, at most {MAX_CRAWLS})")
+        _server_options(sub, 9410)
+        return
+    if name == "dashboard":
+        sub.add_argument("crawl", help="crawl id (by default the spider name)")
+        _server_options(sub, 8410)
+        return
+    if name != "list":
+        sub.add_argument("crawl", help="crawl id (by default the spider name)")
+    if name == "status":
+        sub.add_argument("--json", action="store_true", help="machine-readable output")
+        sub.add_argument("--watch", type=seconds_value, metavar="SECONDS",
+                         help="refresh every SECONDS (the screen is cleared on a terminal only)")
+        sub.add_argument("--top", type=int_value, default=10, help="hosts to show")
+    elif name == "seed":
+        sub.add_argument("urls", nargs="*", metavar="URL")
+        sub.add_argument("--file", help="one URL per line ('-' for stdin)")
+        sub.add_argument("--callback", help="spider method name (default: parse)")
+        sub.add_argument("--priority", type=int_value, default=0)
+    elif name in ("dead-letters", "requeue-dead"):
+        sub.add_argument("--limit", type=int_value, default=1000, help="most to list")
+    if name == "dead-letters":
+        drop = sub.add_mutually_exclusive_group()
+        drop.add_argument("--drop", nargs="+", metavar="ID",
+                          help="drop these dead letters for good (IDs as listed)")
+        drop.add_argument("--all", action="store_true", help="drop every dead letter (asks)")
+        sub.add_argument("--yes", action="store_true", help="do not ask")
+    elif name == "purge":
+        sub.add_argument("--yes", action="store_true", help="do not ask")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="redisspine", description=__doc__,
+    parser = argparse.ArgumentParser(prog="redisspine", description=plain(__doc__ or ""),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--redis-url", help="default: see above")
-    parser.add_argument("--prefix", help="key prefix (default: REDISSPINE_KEY_PREFIX)")
+    _global_options(parser, None)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (_, help_text) in COMMANDS.items():
         sub = commands.add_parser(name, help=help_text, description=help_text)
-        if name != "list":
-            sub.add_argument("crawl", help="crawl id (by default the spider name)")
-        if name == "status":
-            sub.add_argument("--json", action="store_true", help="machine-readable output")
-            sub.add_argument("--watch", type=float, metavar="SECONDS", help="refresh")
-            sub.add_argument("--top", type=int, default=10, help="hosts to show")
-        elif name == "seed":
-            sub.add_argument("urls", nargs="*", metavar="URL")
-            sub.add_argument("--file", help="one URL per line ('-' for stdin)")
-            sub.add_argument("--callback", help="spider method name (default: parse)")
-            sub.add_argument("--priority", type=int, default=0)
-        elif name in ("dead-letters", "requeue-dead"):
-            sub.add_argument("--limit", type=int, default=1000)
-        elif name == "purge":
-            sub.add_argument("--yes", action="store_true", help="do not ask")
+        _global_options(sub, argparse.SUPPRESS)
+        _command_options(name, sub)
     return parser
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def _pipe_closed() -> int:
+    """The reader went away (``| head``): end quietly. Python would complain again
+    when it flushes stdout at exit, so stdout goes to /dev/null first."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return EXIT_PIPE_CLOSED
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -321,18 +274,26 @@ def main(argv: list[str] | None = None) -> int:
     try:
         ctx = Context(args)
         url = describe_url(ctx.url)
-        return COMMANDS[args.command][0](ctx, args)
+        code = COMMANDS[args.command][0](ctx, args)
+        sys.stdout.flush()  # a closed pipe shows here, not at exit
+        return code
     except CliError as exc:
         print(f"redisspine: {exc}", file=sys.stderr)
         return exc.code
     except (redis.ConnectionError, redis.TimeoutError) as exc:
-        print(f"redisspine: cannot reach Redis at {url}: {exc}", file=sys.stderr)
+        print(f"redisspine: cannot reach Redis at {url}: {_one_line(exc)}", file=sys.stderr)
         return EXIT_UNREACHABLE
+    except redis.RedisError as exc:  # MovedError (a cluster), WRONGTYPE, NOPERM, OOM ...
+        print(f"redisspine: Redis at {url} answered with an error: {type(exc).__name__}: "
+              f"{_one_line(exc)}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    except BrokenPipeError:
+        return _pipe_closed()
     except OSError as exc:  # e.g. --file that does not exist
-        print(f"redisspine: {exc}", file=sys.stderr)
+        print(f"redisspine: {_one_line(exc)}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
     finally:
         if ctx is not None:
             with contextlib.suppress(redis.RedisError, OSError):

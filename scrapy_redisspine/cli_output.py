@@ -46,47 +46,98 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
             for row in cells]
 
 
+_STATES = {
+    "finished": "finished",
+    "draining": "DRAINING",
+    "paused": "PAUSED",
+    "idle": "idle: nothing queued or in flight",
+    "running": "running",
+    "waiting for workers": "waiting for workers",
+}
+
+
 def _state(status: dict[str, Any]) -> str:
-    if status["draining"]:
-        return "DRAINING"
-    if status["paused"]:
-        return "PAUSED"
-    if not status["queued"] and not status["in_flight"]:
-        return "idle: nothing queued or in flight" + (
-            "" if status["workers_alive"] else ", no worker alive"
-        )
-    return "running" if status["workers_alive"] else "waiting for workers"
+    state = _STATES.get(status["state"], str(status["state"]))
+    if status["state"] == "idle" and not status["workers_alive"]:
+        state += ", no worker alive"
+    return state
+
+
+def _eta(status: dict[str, Any]) -> str:
+    if status["state"] == "finished":
+        return "finished"
+    if status["eta_seconds"] is None:
+        return "-"
+    text = _duration(status["eta_seconds"])
+    slowest = status.get("slowest_lane")
+    if status.get("eta_bound") == "politeness" and slowest:
+        text += (f" (politeness: {slowest['lane']}, {slowest['backlog']} queued at "
+                 f"{slowest['seconds_per_request']} s each)")
+    return text
+
+
+def _worker_state(worker: dict[str, Any]) -> str:
+    if worker["state"] == "dead":
+        return f"dead: last pushed totals, {worker['totals_age_seconds']}s old"
+    if worker["state"] == "silent":
+        return "NO (silent)"
+    return "closed" if worker["state"] == "closed" else "yes"
+
+
+def _workers_table(workers: Sequence[dict[str, Any]]) -> list[str]:
+    def totals(worker: dict[str, Any], name: str) -> Any:
+        return "-" if worker["totals"] is None else worker["totals"].get(name, 0)
+
+    return _table(
+        ["worker", "alive", "heartbeat age", "acks/min", "pages", "items", "errors"],
+        [[w["id"], _worker_state(w),
+          "-" if w["heartbeat_age_seconds"] is None else f"{w['heartbeat_age_seconds']}s",
+          "-" if w["acks_per_minute"] is None else w["acks_per_minute"],
+          totals(w, "response_received_count"), totals(w, "item_scraped_count"),
+          totals(w, "log_count/ERROR")]
+         for w in workers],
+    )
+
+
+def _memory(memory: dict[str, int | None]) -> str:
+    used, budget = memory["used_bytes"], memory["budget_bytes"]
+    if used is None:
+        return "? (INFO is switched off)"
+    if budget is None:
+        return f"{used} bytes used, no budget (no maxmemory)"
+    return f"{used} bytes used of a {budget} byte budget ({100 * used / budget:.0f} %)"
 
 
 def render_status(status: dict[str, Any]) -> str:
+    """The readable status; a section with nothing to show is left out, not printed
+    as an empty table."""
     rate = status["rate_per_minute"]
     fleet = status["fleet_stats"]
     dedup = status["dedup"]
+    rate_text = "" if status["state"] == "finished" else (
+        f"rate {'-' if rate is None else f'{rate:.1f}/min'}   ")
     lines = [
         f"crawl {status['crawl']}: {_state(status)}",
         f"  queued {status['queued']}   in flight {status['in_flight']}   done "
         f"{status['done']}   dead letters {status['dead_letters']}",
-        f"  rate {'-' if rate is None else f'{rate:.1f}/min'}   "
-        f"ETA {_duration(status['eta_seconds'])}",
+        f"  {rate_text}ETA {_eta(status)}",
         "  fleet totals: " + ", ".join(f"{name} {fleet.get(name, 0)}" for name in _FLEET_TOTALS),
         f"  dedup {dedup['mode']}: {dedup['set_size']} fingerprints in the SET, "
         f"{dedup['memory_bytes'] if dedup['memory_bytes'] is not None else '?'} bytes",
+        f"  Redis memory: {_memory(status['redis_memory'])}",
         "",
         f"workers: {status['workers_alive']} alive of {status['workers_total']}",
     ]
-    lines += _table(
-        ["worker", "alive", "heartbeat age", "acks/min"],
-        [[w["id"], "yes" if w["alive"] else "NO", f"{w['heartbeat_age_seconds']}s",
-          "-" if w["acks_per_minute"] is None else w["acks_per_minute"]]
-         for w in status["workers"]],
-    )
-    lines += ["", "top hosts by backlog:"]
-    lines += _table(
-        ["lane", "backlog", "busy", "next due", "crawl-delay"],
-        [[h["lane"], h["backlog"], h["busy"], f"{h['next_due_in_seconds']}s",
-          "-" if h["crawl_delay_seconds"] is None else f"{h['crawl_delay_seconds']}s"]
-         for h in status["hosts"]],
-    )
+    if status["workers"]:
+        lines += _workers_table(status["workers"])
+    if status["hosts"]:
+        lines += ["", "top hosts by backlog:"]
+        lines += _table(
+            ["lane", "backlog", "busy", "next due", "crawl-delay"],
+            [[h["lane"] or "(no host)", h["backlog"], h["busy"], f"{h['next_due_in_seconds']}s",
+              "-" if h["crawl_delay_seconds"] is None else f"{h['crawl_delay_seconds']}s"]
+             for h in status["hosts"]],
+        )
     if status["errors"]:
         lines += ["", "errors:"]
         lines += [f"  {name}: {value}" for name, value in status["errors"].items()]

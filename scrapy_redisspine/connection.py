@@ -62,7 +62,18 @@ def find_redis_server(explicit: str | None = None) -> str:
 
 def client_from_url(url: str) -> redis.Redis:
     """A client for the workers: bytes in and out (payloads are binary)."""
+    quiet_redis_debug()
     return redis.Redis.from_url(url, decode_responses=False, health_check_interval=30)
+
+
+def quiet_redis_debug() -> None:
+    """Keep redis-py's DEBUG lines (one per failed operation and connection retry,
+    with the connection's details) out of a worker's log at Scrapy's default level,
+    DEBUG: the worker reports an outage itself, once, in one line. A level someone
+    set on the ``redis`` logger is left as it is (set it to DEBUG to see them)."""
+    redis_logger = logging.getLogger("redis")
+    if redis_logger.level == logging.NOTSET:
+        redis_logger.setLevel(logging.INFO)
 
 
 def describe_url(url: str) -> str:

@@ -6,16 +6,19 @@ and keep what they hold; draining workers lease nothing, finish what is in progr
 return their unstarted leases and close with the reason ``drained``.
 
 Each worker adds the growth of its numeric Scrapy stats since its last push into the
-``fleet_stats`` HASH (periodically and at close), so the HASH sums the whole fleet.
+``fleet_stats`` HASH (periodically and at close, ``fleet_totals.py``), so the HASH
+sums the whole fleet; the same step keeps the worker's own totals in
+``worker_stats``.
 
 Each sweep also adds a sample (this worker's acks, the fleet's acks) to the
 ``progress`` ZSET, from which ``redisspine status`` computes rates over a minute.
 
-Keys touched: control, fleet_stats, progress.
+Keys touched: control, fleet_stats, worker_stats, progress.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -36,6 +39,12 @@ PROGRESS_WINDOW_MS = 300_000  # samples kept for rates
 PAUSED = "paused"
 DRAIN = "drain"
 
+#: The worker's own totals kept in ``worker_stats`` (Scrapy stat names).
+WORKER_TOTALS = (
+    "response_received_count", "item_scraped_count", "log_count/ERROR",
+    "redisspine/scheduler/acked",
+)
+
 
 @dataclass(frozen=True)
 class Orders:
@@ -47,6 +56,12 @@ class Orders:
     @property
     def stop_leasing(self) -> bool:
         return self.paused or self.drain
+
+    def describe(self) -> str:
+        """What a worker's log says the orders now are: ``paused``, ``draining``,
+        ``paused and draining``, or ``resumed`` (no order in force)."""
+        named = [word for word, on in (("paused", self.paused), ("draining", self.drain)) if on]
+        return " and ".join(named) or "resumed"
 
 
 def read_orders(client: redis.Redis, keys: CrawlKeys) -> Orders:
@@ -70,22 +85,27 @@ class StatsPusher:
     One atomic script per push (``add_fleet_stats.lua``): a push is never half
     applied, so a retry after a failure counts nothing twice. A field that holds no
     number in Redis is skipped (its growth is kept for when it is repaired) and
-    reported once through ``on_skip``.
+    reported once through ``on_skip``. With a ``worker_id``, each push also keeps
+    that worker's own totals (``WORKER_TOTALS``) in ``worker_stats``.
     """
 
     def __init__(
         self, client: redis.Redis, keys: CrawlKeys,
-        on_skip: Callable[[str], None] | None = None, epoch: str = "",
+        on_skip: Callable[[str], None] | None = None, epoch: str = "", worker_id: str = "",
     ) -> None:
         self.keys = keys
         self.epoch = epoch
+        self.worker_id = worker_id
         self._scripts = ScriptSet(client, keys)
         self._on_skip = on_skip
         self._pushed: dict[str, float] = {}
         self._skipped: set[str] = set()
 
-    def push(self, stats: Mapping[str, Any]) -> int:
-        """Send what grew since the last push; return how many fields changed."""
+    def push(self, stats: Mapping[str, Any], final: bool = False) -> int:
+        """Send what grew since the last push; return how many fields changed.
+
+        Nothing grew: no round trip, unless ``final`` (the push at close, which
+        marks this worker's totals ``closed``)."""
         deltas: dict[str, int | float] = {}
         for name, value in stats.items():
             if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -93,13 +113,14 @@ class StatsPusher:
             delta = value - self._pushed.get(name, 0)
             if delta:
                 deltas[name] = delta
-        if not deltas:
+        if not deltas and not (final and self.worker_id):
             return 0
-        args: list[str] = []
+        totals = {name: stats.get(name, 0) for name in WORKER_TOTALS}
+        args = [self.epoch, self.worker_id, "closed" if final else "running",
+                json.dumps(totals, sort_keys=True)]
         for name, delta in deltas.items():
             args += [name, str(delta) if isinstance(delta, int) else repr(float(delta))]
-        skipped = {_text(name) for name in
-                   self._scripts.run("add_fleet_stats", [self.epoch, *args])}
+        skipped = {_text(name) for name in self._scripts.run("add_fleet_stats", args)}
         for name, delta in deltas.items():
             if name not in skipped:
                 self._pushed[name] = self._pushed.get(name, 0) + delta

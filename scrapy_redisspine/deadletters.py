@@ -20,7 +20,7 @@ from scrapy_redisspine import cli
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m scrapy_redisspine.deadletters", description=__doc__,
+        prog="python -m scrapy_redisspine.deadletters", description=cli.plain(__doc__ or ""),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--redis-url", required=True)

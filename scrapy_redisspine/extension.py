@@ -16,8 +16,9 @@ Each sweep also reads Redis memory: past 90 % of ``maxmemory`` (or of
 requests (start requests, retries and redirects still go in) until memory falls
 below 80 %.
 
-Each sweep, and once more as the worker closes, adds the growth of the worker's
-numeric Scrapy stats to the crawl's ``fleet_stats`` HASH (see ``control.py``).
+The growth of the worker's Scrapy stats goes to the crawl's ``fleet_stats`` HASH
+from an extension of its own (``fleet_totals.FleetTotals``), so that it does not
+depend on the sweep.
 
 ``FleetLog`` logs, every ``LOGSTATS_INTERVAL``, the fleet's totals beside this
 worker's own, so that any one worker's log tells the whole crawl's progress.
@@ -26,7 +27,7 @@ Both talk to the worker through the ``signals.WorkerView`` sent with
 ``worker_opened``, never through the scheduler.
 
 Keys touched: workers, owned, inflight, leases, queue, dead, requeues, stats,
-fleet_stats.
+progress.
 """
 
 from __future__ import annotations
@@ -41,7 +42,6 @@ from scrapy_redisspine import signals
 from scrapy_redisspine._clock import Clock, Periodic, ReactorClock
 from scrapy_redisspine._components import component_config
 from scrapy_redisspine._guard import CALL_ERRORS
-from scrapy_redisspine.control import StatsPusher
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -58,7 +58,7 @@ _UNINDEXED_STEP = 200  # in-flight entries looked at per sweep (HSCAN COUNT)
 
 
 class Recovery:
-    """Periodic sweep of stale leases, fleet stats and the memory watch."""
+    """Periodic sweep of stale leases, the fleet's counters and the memory watch."""
 
     def __init__(
         self, config: SpineConfig, stats: StatsCollector, clock: Clock | None = None
@@ -68,7 +68,6 @@ class Recovery:
         self.clock: Clock = clock or ReactorClock()
         self.worker: signals.WorkerView | None = None
         self._timer = Periodic("sweep", self.sweep, config.sweep_seconds, self.clock, stats)
-        self._pusher: StatsPusher | None = None
         self._bad_counters: set[str] = set()
         self._unindexed_cursor = "0"
 
@@ -80,16 +79,10 @@ class Recovery:
         extension = cls(config, crawler.stats)
         crawler.signals.connect(extension.worker_opened, signal=signals.worker_opened)
         crawler.signals.connect(extension.spider_closed, signal=scrapy_signals.spider_closed)
-        crawler.signals.connect(extension.worker_closing, signal=signals.worker_closing)
         return extension
 
     def worker_opened(self, worker: signals.WorkerView) -> None:
         self.worker = worker
-        self._pusher = StatsPusher(
-            worker.upkeep.client, worker.upkeep.keys,
-            on_skip=lambda _: self.stats.inc_value("redisspine/fleet_stats/skipped"),
-            epoch=worker.upkeep.epoch,
-        )
         self._timer.start()
 
     @property
@@ -100,15 +93,9 @@ class Recovery:
     def spider_closed(self, *_: Any, **__: Any) -> None:
         self._timer.stop()
 
-    def worker_closing(self, worker: signals.WorkerView) -> None:
-        """Last push of this worker's stats while its connection is still open."""
-        if not worker.guard.crawl_gone:
-            self._push_stats(worker)
-
     def sweep(self) -> None:
         """Recovery first: nothing else a sweep does (reading the fleet's counters,
-        the memory watch, pushing stats) can hold it back, and each part fails on
-        its own."""
+        the memory watch) can hold it back, and each part fails on its own."""
         worker = self.worker
         if worker is None or worker.guard.crawl_gone:
             return  # a crawl that is gone is not swept: any write would start it afresh
@@ -121,7 +108,6 @@ class Recovery:
             self._guarded(worker, "unindexed", self._repair_unindexed)
         self._guarded(worker, "fleet_read", self._read_fleet)
         self._guarded(worker, "memory", self._watch_memory)
-        self._push_stats(worker)
 
     def _guarded(
         self, worker: signals.WorkerView, operation: str,
@@ -135,11 +121,6 @@ class Recovery:
             worker.guard.failed(operation, exc)
         else:
             worker.guard.succeeded(operation)
-
-    def _push_stats(self, worker: signals.WorkerView) -> None:
-        pusher = self._pusher
-        if pusher is not None:
-            self._guarded(worker, "fleet_stats", lambda _: pusher.push(self.stats.get_stats()))
 
     def _rests(self, worker: signals.WorkerView) -> dict[str, Any]:
         """How long a requeued request's lane rests: the dead worker may have been

@@ -28,7 +28,8 @@ key                        type    written by                      lifetime
 ``P:{C}:workers``          ZSET    register, heartbeat, leave      whole crawl
 ``P:{C}:stats``            HASH    enqueue, lease, ack (scripts)   whole crawl
 ``P:{C}:control``          HASH    ``redisspine`` CLI              until resumed/purged
-``P:{C}:fleet_stats``      HASH    workers (Recovery extension)    whole crawl
+``P:{C}:fleet_stats``      HASH    workers (FleetTotals)           whole crawl
+``P:{C}:worker_stats``     HASH    workers (FleetTotals)           whole crawl
 ``P:{C}:progress``         ZSET    workers (Recovery extension)    last 5 minutes
 ``P:{C}:record``           HASH    register, mark_finished, purge  whole crawl
 ``P:{C}:starting``         ZSET    register, heartbeat             while start() runs
@@ -69,6 +70,10 @@ key                        type    written by                      lifetime
   finish what is held, exit with reason ``drained``).
 - ``fleet_stats``: the sum of every worker's numeric Scrapy stats (each worker adds
   its deltas periodically and at close), so tools show totals for the whole fleet.
+- ``worker_stats``: worker id -> ``pushed ms \n running|closed \n JSON`` of that
+  worker's own totals at its last push (pages, items, errors, acks); ``closed`` once
+  it pushed as it closed. Kept after the worker is gone, so a killed worker's last
+  totals stay visible (``status`` marks them); one field per worker process.
 - ``progress``: samples for rates; score = Redis time (ms), member =
   ``ms:worker id:worker acks:fleet acks``; each sweep adds one and trims what is
   older than five minutes.
@@ -196,6 +201,10 @@ class CrawlKeys:
         return self._key("fleet_stats")
 
     @property
+    def worker_stats(self) -> str:
+        return self._key("worker_stats")
+
+    @property
     def progress(self) -> str:
         return self._key("progress")
 
@@ -239,6 +248,7 @@ class CrawlKeys:
             self.stats,
             self.control,
             self.fleet_stats,
+            self.worker_stats,
             self.progress,
             self.record,
             self.starting,

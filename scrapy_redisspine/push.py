@@ -75,7 +75,9 @@ def push_requests(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m scrapy_redisspine.push", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m scrapy_redisspine.push",
+                                     description=(__doc__ or "").replace("``", ""),
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--redis-url", required=True)
     parser.add_argument("--crawl", required=True, help="crawl id (default crawl id: spider name)")
     parser.add_argument("--prefix", default="redisspine")
@@ -99,14 +101,14 @@ def main(argv: list[str] | None = None) -> int:
         try:
             requests.append(Request(url, priority=args.priority))
         except ValueError as exc:
-            print(f"skipping URL #{number} {url!r}: {exc}", file=sys.stderr)
+            print(f"skipping malformed URL #{number} {url!r}: {exc}", file=sys.stderr)
             bad += 1
     result = push_requests(
         client_from_url(args.redis_url), args.crawl, requests,
         callback=args.callback, prefix=args.prefix, serializer=args.serializer,
         strip_tracking_params=args.strip_tracking_params, politeness_key=args.politeness_key,
     )
-    print(f"{result.enqueued} new, {len(requests) - result.enqueued} already seen, {bad} invalid")
+    print(f"{result.enqueued} new, {len(requests) - result.enqueued} already seen, {bad} malformed")
     return 1 if bad else 0
 
 

@@ -4,12 +4,14 @@ Every read is O(1), a ZRANGE/ZRANGEBYSCORE with a LIMIT, or an HSCAN that stops
 after a fixed number of fields, so ``status`` never blocks Redis on a large crawl:
 counts come from ZCARD/HLEN, the top hosts from one bounded HSCAN of ``backlog``.
 
-Keys read: queue, inflight, dead, stats, fleet_stats, workers, progress, backlog,
-busy, hosts, host_next, host_delay, seen, dedup, bloom, control.
+Keys read: queue, inflight, dead, stats, fleet_stats, worker_stats, workers,
+progress, backlog, busy, hosts, host_next, host_delay, lane_limits, seen, dedup,
+bloom, control, record.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -17,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from scrapy_redisspine.control import read_orders
+from scrapy_redisspine.status_eta import LanePace, eta, slowest_lane
 
 if TYPE_CHECKING:
     from scrapy_redisspine.keys import CrawlKeys
@@ -108,9 +111,16 @@ def _rates(samples: list[Sample], now_ms: int, acked: int) -> tuple[float | None
     return fleet, workers
 
 
-def _hosts(client: redis.Redis, keys: CrawlKeys, top: int, now_ms: int) -> list[dict[str, Any]]:
-    backlog = _scan_hash(client, keys.backlog, _BACKLOG_SCAN_FIELDS)
-    lanes = sorted(backlog, key=lambda lane: -_number(backlog[lane]))[:top]
+def _backlog(client: redis.Redis, keys: CrawlKeys) -> dict[str, int]:
+    """Lane -> requests queued, for at most ``_BACKLOG_SCAN_FIELDS`` lanes."""
+    raw = _scan_hash(client, keys.backlog, _BACKLOG_SCAN_FIELDS)
+    return {lane: int(_number(value)) for lane, value in raw.items()}
+
+
+def _hosts(
+    client: redis.Redis, keys: CrawlKeys, backlog: dict[str, int], top: int, now_ms: int
+) -> list[dict[str, Any]]:
+    lanes = sorted(backlog, key=lambda lane: -backlog[lane])[:top]
     if not lanes:
         return []
     pipe = client.pipeline(transaction=False)
@@ -124,7 +134,7 @@ def _hosts(client: redis.Redis, keys: CrawlKeys, top: int, now_ms: int) -> list[
         next_ms = max(_number(due[i]), _number(rest[i]))
         rows.append({
             "lane": lane,
-            "backlog": int(_number(backlog[lane])),
+            "backlog": backlog[lane],
             "busy": int(_number(busy[i])),
             "next_due_in_seconds": round(max(0.0, next_ms - now_ms) / 1000, 1),
             "crawl_delay_seconds": float(_number(delay[i])) if delay[i] is not None else None,
@@ -149,23 +159,67 @@ def _dedup(client: redis.Redis, keys: CrawlKeys) -> dict[str, Any]:
     }
 
 
+def _kept_totals(raw: bytes | str | None, now_ms: int) -> dict[str, Any]:
+    """A worker's last pushed totals (``worker_stats``): what, how old, final or not."""
+    if raw is None:
+        return {"totals": None, "totals_age_seconds": None, "totals_final": False}
+    ms, state, text = [*_text(raw).split("\n", 2), "", ""][:3]
+    try:
+        totals = {name: _number(value) for name, value in json.loads(text).items()}
+    except (ValueError, AttributeError):
+        totals = None  # not written by a worker: shown as none
+    return {"totals": totals, "totals_age_seconds": round((now_ms - _number(ms)) / 1000, 1),
+            "totals_final": state == "closed"}
+
+
+def _redis_memory(client: redis.Redis, budget_bytes: int) -> dict[str, int | None]:
+    """The server's memory (``INFO memory``: one O(1) command) and the budget the
+    workers hold it to: the smaller of ``maxmemory`` and REDISSPINE_MEMORY_BUDGET_BYTES
+    that is set (None: no limit). None for all when INFO is switched off."""
+    try:
+        info = client.info("memory")
+    except redis.ResponseError:
+        return {"used_bytes": None, "max_bytes": None, "budget_bytes": None}
+    used, maxmemory = int(info.get("used_memory", 0)), int(info.get("maxmemory", 0))
+    budget = min((value for value in (maxmemory, budget_bytes) if value > 0), default=None)
+    return {"used_bytes": used, "max_bytes": maxmemory or None, "budget_bytes": budget}
+
+
 def _workers(
     client: redis.Redis, keys: CrawlKeys, now_ms: int, timeout_ms: int, rates: dict[str, float]
 ) -> list[dict[str, Any]]:
-    rows = []
+    """Workers with a heartbeat, then those gone that left totals (bounded: at most
+    ``_MAX_WORKERS`` of each). ``state``: alive, silent (no heartbeat for a timeout,
+    not swept yet), closed (left, its totals final) or dead (swept: its totals are
+    the last it pushed)."""
     beats: list[tuple[bytes, float]] = client.zrevrange(  # type: ignore[assignment]
         keys.workers, 0, _MAX_WORKERS - 1, withscores=True
     )
-    for member, score in beats:
-        worker = _text(member)
+    ids = [_text(member) for member, _ in beats]
+    kept = client.hmget(keys.worker_stats, ids) if ids else []
+    rows = []
+    for worker, (_, score), raw in zip(ids, beats, kept, strict=True):
+        alive = now_ms - score <= timeout_ms
         rows.append({
-            "id": worker,
+            "id": worker, "alive": alive, "state": "alive" if alive else "silent",
             "last_heartbeat_ms": int(score),
-            "heartbeat_age_seconds": round((now_ms - score) / 1000, 1),
-            "alive": now_ms - score <= timeout_ms,
+            # a beat after this read's TIME: age 0, not negative
+            "heartbeat_age_seconds": round(max(0.0, now_ms - score) / 1000, 1),
             "acks_per_minute": round(rates[worker], 1) if worker in rates else None,
+            **_kept_totals(raw, now_ms),
         })
-    return rows
+    gone = []
+    for worker, raw in _scan_hash(client, keys.worker_stats, 2 * _MAX_WORKERS).items():
+        if worker not in ids:
+            totals = _kept_totals(raw, now_ms)
+            gone.append({
+                "id": worker, "alive": False,
+                "state": "closed" if totals["totals_final"] else "dead",
+                "last_heartbeat_ms": None, "heartbeat_age_seconds": None,
+                "acks_per_minute": None, **totals,
+            })
+    gone.sort(key=lambda row: row["totals_age_seconds"] or 0)
+    return rows + gone[:_MAX_WORKERS]
 
 
 def _errors(fleet: dict[str, int | float]) -> dict[str, int | float]:
@@ -174,10 +228,28 @@ def _errors(fleet: dict[str, int | float]) -> dict[str, int | float]:
     return {name: value for name, value in fleet.items() if name.startswith(markers)}
 
 
+def _state(status: dict[str, Any]) -> str:
+    """finished (and nothing left: a finished crawl fed again runs again), draining,
+    paused, idle (nothing queued or in flight), running, or waiting for workers."""
+    left = status["queued"] or status["in_flight"]
+    if status["finished_ms"] is not None and not left:
+        return "finished"
+    if status["draining"]:
+        return "draining"
+    if status["paused"]:
+        return "paused"
+    if not left:
+        return "idle"
+    return "running" if status["workers_alive"] else "waiting for workers"
+
+
 def read_status(
-    client: redis.Redis, keys: CrawlKeys, *, timeout_ms: int = 30_000, top_hosts: int = 10
+    client: redis.Redis, keys: CrawlKeys, *, timeout_ms: int = 30_000, top_hosts: int = 10,
+    pace: LanePace | None = None, memory_budget_bytes: int = 0,
 ) -> dict[str, Any]:
-    """The crawl's state as a JSON-ready dict (the shape of ``status --json``)."""
+    """The crawl's state as a JSON-ready dict (the shape of ``status --json``);
+    ``pace``: the lanes' delays and concurrency from the project's settings, and
+    ``memory_budget_bytes`` its REDISSPINE_MEMORY_BUDGET_BYTES."""
     seconds, micros = client.time()
     now_ms = seconds * 1000 + micros // 1000
     pipe = client.pipeline(transaction=False)
@@ -186,7 +258,8 @@ def read_status(
     pipe.hlen(keys.dead)
     pipe.zcard(keys.workers)
     pipe.zrangebyscore(keys.progress, now_ms - RATE_WINDOW_MS, "+inf", 0, _MAX_SAMPLES)
-    queued, inflight, dead, workers_total, raw_samples = pipe.execute()
+    pipe.hget(keys.record, "finished_ms")
+    queued, inflight, dead, workers_total, raw_samples, finished_ms = pipe.execute()
     counters = {k: _number(v) for k, v in _scan_hash(client, keys.stats, 100).items()}
     raw_fleet = _scan_hash(client, keys.fleet_stats, _MAX_STAT_FIELDS)
     fleet = {name: _number(value) for name, value in sorted(raw_fleet.items())}
@@ -195,23 +268,34 @@ def read_status(
     rate, worker_rates = _rates(samples, now_ms, done)
     workers = _workers(client, keys, now_ms, timeout_ms, worker_rates)
     orders = read_orders(client, keys)
-    return {
+    backlog = _backlog(client, keys)
+    status: dict[str, Any] = {
         "crawl": keys.crawl_id,
         "time_ms": now_ms,
         "queued": int(queued),
         "in_flight": int(inflight),
         "done": done,
         "dead_letters": int(dead),
-        "rate_per_minute": round(rate, 1) if rate is not None else None,
-        "eta_seconds": round(int(queued) * 60 / rate) if rate else None,
         "paused": orders.paused,
         "draining": orders.drain,
+        "finished_ms": int(_number(finished_ms)) if finished_ms is not None else None,
         "workers_alive": sum(1 for w in workers if w["alive"]),
         "workers_total": int(workers_total),
+    }
+    status["state"] = _state(status)
+    if status["state"] == "finished":
+        rate = None  # a finished crawl has no rate: the last minute's acks were its end
+    slowest = slowest_lane(client, keys, backlog, pace or LanePace())
+    status["eta_seconds"], status["eta_bound"] = eta(status, rate, slowest)
+    status.update({
+        "rate_per_minute": round(rate, 1) if rate is not None else None,
+        "slowest_lane": slowest,
         "workers": workers,
-        "hosts": _hosts(client, keys, top_hosts, now_ms),
+        "hosts": _hosts(client, keys, backlog, top_hosts, now_ms),
         "dedup": _dedup(client, keys),
+        "redis_memory": _redis_memory(client, memory_budget_bytes),
         "counters": counters,
         "fleet_stats": fleet,
         "errors": _errors(fleet),
-    }
+    })
+    return status

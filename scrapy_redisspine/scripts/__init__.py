@@ -58,6 +58,7 @@ SCRIPT_NAMES = (
     "purge_if_done",
     "requeue_stale",
     "reinject_dead",
+    "drop_dead",
     "release_orphans",
     "repair_unindexed",
     "seen",

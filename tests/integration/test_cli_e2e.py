@@ -89,6 +89,11 @@ def test_pause_stops_fetching_and_resume_finishes(
             worker.kill()
     assert_finished(results)
     assert_exactly_once(site)
+    for result in results:
+        assert "redisspine: fleet orders now paused" in result.log
+        assert "redisspine: fleet orders now resumed" in result.log
+        assert "Orders(" not in result.log
+        assert "DEBUG: Operation failed" not in result.log, "redis-py's DEBUG noise"
 
 
 def test_drain_exits_with_reason_drained_and_loses_nothing(
@@ -140,3 +145,33 @@ def test_seed_into_a_running_keep_alive_crawl_gets_fetched(
     assert result.finish_reason == "drained"
     # fetch_counts() folds queries into the page: count the site's raw requests instead
     assert len(test_site.requests()) == before + 1, "seeding a seen URL fetched it again"
+
+
+def test_status_after_a_worker_was_killed_keeps_its_last_totals_and_says_finished(
+    fleet: Fleet, site_factory: SiteFactory, redis_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    site = site_factory(hosts=3, pages_per_host=20, latency=0.05)
+    settings = fleet.crawling(site, **FAST, REDISSPINE_WORKER_TIMEOUT_SECONDS=1.5)
+    [victim] = fleet.start(1, settings, log="victim")
+    wait_for(lambda: _fetched(site) >= 15, 30, "15 pages fetched")
+    time.sleep(1.5)  # one push of its totals (every LOGSTATS_INTERVAL = 1 s) at least
+    victim.kill()
+    victim.process.wait()
+    results = fleet.run(1, settings, log="rest", timeout=60)
+    assert_finished(results)
+    capsys.readouterr()
+    _cli(redis_url, "status", fleet.keys.crawl_id, "--json")
+    status = json.loads(capsys.readouterr().out)
+    assert status["state"] == "finished"
+    assert (status["rate_per_minute"], status["eta_seconds"]) == (None, None)
+    states = sorted(worker["state"] for worker in status["workers"])
+    assert states == ["closed", "dead"]
+    dead = next(worker for worker in status["workers"] if worker["state"] == "dead")
+    assert dead["totals"]["response_received_count"] >= 10, "the killed worker's pages"
+    pages = sum(w["totals"]["response_received_count"] for w in status["workers"])
+    assert status["fleet_stats"]["response_received_count"] == pages, (
+        "the fleet's totals are the sum of each worker's last pushed ones")
+    _cli(redis_url, "status", fleet.keys.crawl_id)
+    text = capsys.readouterr().out
+    assert text.startswith(f"crawl {fleet.keys.crawl_id}: finished")
+    assert "dead: last pushed totals" in text

@@ -137,6 +137,7 @@ def test_purge_asks_for_confirmation(
 ) -> None:
     _seed(redis_url, "http://a.test/1")
     assert run(redis_url, "pause", "books") == 0
+    monkeypatch.setattr("sys.stdin.isatty", lambda: True)  # a terminal to ask on
     monkeypatch.setattr("builtins.input", lambda prompt: "n")
     assert run(redis_url, "purge", "books") == cli.EXIT_PARTIAL
     assert real_redis.zcard(KEYS.queue) == 1
@@ -232,7 +233,7 @@ def test_status_watch_refreshes_until_interrupted(
         if len(sleeps) == 2:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr("scrapy_redisspine.cli.time.sleep", sleep)
+    monkeypatch.setattr("scrapy_redisspine.cli_commands.time.sleep", sleep)
     capsys.readouterr()
     assert run(redis_url, "status", "books", "--watch", "2") == 130
     assert sleeps == [2.0, 2.0]

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 import fakeredis
+import pytest
 from scrapy import Request
 
+from scrapy_redisspine.connection import client_from_url
 from scrapy_redisspine.control import (
     DRAIN,
     PAUSED,
+    Orders,
     StatsPusher,
     give_order,
     read_orders,
@@ -20,6 +24,8 @@ from scrapy_redisspine.status import Sample, read_status
 from tests.unit.conftest import engine_of, finish, next_request, pending
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     import redis
 
     from scrapy_redisspine.scheduler import Scheduler
@@ -104,7 +110,59 @@ def test_progress_samples_give_rates() -> None:
     client.zadd(keys.progress, {f"{old}:w:1:0:40": old})
     client.hset(keys.stats, "acked", 100)
     client.zadd(keys.queue, {"x": 0})
+    client.zadd(keys.workers, {"w:1": sample.ms})  # a live worker: an ETA is due
     status = read_status(client, keys)
     assert 100 <= status["rate_per_minute"] <= 121
     assert status["eta_seconds"] == 0 or status["eta_seconds"] == 1
+    assert status["eta_bound"] == "rate"
     assert Sample.parse(b"garbage") is None
+
+
+@pytest.mark.parametrize(
+    ("orders", "words"),
+    [(Orders(paused=True), "paused"), (Orders(drain=True), "draining"),
+     (Orders(paused=True, drain=True), "paused and draining"), (Orders(), "resumed")],
+)
+def test_orders_read_as_words_in_the_log(orders: Orders, words: str) -> None:
+    assert orders.describe() == words
+
+
+def test_a_worker_logs_its_new_orders_in_words(
+    make_scheduler: MakeScheduler, client: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    scheduler = _open(make_scheduler)
+    with caplog.at_level(logging.INFO, logger="scrapy_redisspine"):
+        give_order(client, KEYS, PAUSED, True)
+        scheduler.fleet.heartbeat()
+        give_order(client, KEYS, PAUSED, False)
+        scheduler.fleet.heartbeat()
+    lines = [r.getMessage() for r in caplog.records if "fleet orders" in r.getMessage()]
+    assert lines == ["redisspine: fleet orders now paused", "redisspine: fleet orders now resumed"]
+
+
+@pytest.fixture
+def redis_logger_level() -> Iterator[logging.Logger]:
+    """The ``redis`` logger with no level of its own, under a root at DEBUG (Scrapy's
+    default LOG_LEVEL); both levels are put back after the test."""
+    redis_logger, root = logging.getLogger("redis"), logging.getLogger()
+    saved = redis_logger.level, root.level
+    redis_logger.setLevel(logging.NOTSET)
+    root.setLevel(logging.DEBUG)
+    yield redis_logger
+    redis_logger.setLevel(saved[0])
+    root.setLevel(saved[1])
+
+
+def test_redis_py_debug_lines_stay_out_of_a_worker_log_at_scrapys_default_level(
+    redis_logger_level: logging.Logger,
+) -> None:
+    assert logging.getLogger("redis.client").isEnabledFor(logging.DEBUG)
+    client_from_url("redis://127.0.0.1:1/0").close()  # builds a client, connects nowhere
+    assert not logging.getLogger("redis.client").isEnabledFor(logging.DEBUG)
+    assert logging.getLogger("redis.connection").isEnabledFor(logging.INFO)
+
+
+def test_a_level_set_on_the_redis_logger_is_kept(redis_logger_level: logging.Logger) -> None:
+    redis_logger_level.setLevel(logging.DEBUG)
+    client_from_url("redis://127.0.0.1:1/0").close()
+    assert redis_logger_level.level == logging.DEBUG

@@ -398,6 +398,27 @@ class TestDeadLetters:
         _lease_and_die(frontier, 1)
         assert _sweep(frontier, max_requeues=1).requeued == 1
 
+    def test_drop_removes_dead_letters_and_their_requeue_counts_for_good(
+        self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        frontier.enqueue(_requests(b"a", b"b", b"c"))
+        (swept,) = _lease_and_die(frontier, 1)
+        assert _sweep(frontier, max_requeues=0).dead_lettered == 1
+        client.hset(crawl_keys.requeues, swept.key, 4)  # what an older bury may leave
+        for lease in frontier.lease(2).leases:
+            frontier.bury(lease.handle, "bad")
+        names = sorted(frontier.upkeep.dead_letter_names(10))
+        assert len(names) == 3
+        assert frontier.upkeep.drop_dead([swept.key, "no-such-field"]) == 1
+        assert not client.hexists(crawl_keys.requeues, swept.key)
+        assert sorted(frontier.upkeep.dead_letter_names(10)) == [n for n in names
+                                                                 if n != swept.key]
+        assert frontier.upkeep.drop_dead(frontier.upkeep.dead_letter_names(10)) == 2
+        assert not client.exists(crawl_keys.dead)
+        assert _stats(client, crawl_keys)["dead_dropped"] == 3
+        assert frontier.upkeep.counts() == (0, 0), "nothing went back to the queue"
+        assert frontier.upkeep.drop_dead([]) == 0
+
     def test_reinject_nothing(self, frontier: Frontier) -> None:
         assert frontier.upkeep.reinject_dead([]) == 0
         assert frontier.upkeep.reinject_dead(["000000000000001"]) == 0

@@ -16,6 +16,7 @@ import pytest
 
 from scrapy_redisspine.control import StatsPusher
 from scrapy_redisspine.extension import Recovery
+from scrapy_redisspine.fleet_totals import FleetTotals
 from scrapy_redisspine.frontier import Frontier, NewRequest
 from scrapy_redisspine.keys import CrawlKeys
 from tests.unit.conftest import SchedSpider, build_scheduler, clock_of
@@ -48,18 +49,21 @@ def _dead_worker_holding(client: redis.Redis, count: int, name: str = "dead") ->
 
 @pytest.fixture
 def start_recovery(clock: task.Clock) -> Iterator[Callable[[Scheduler], Recovery]]:
-    """Start a Recovery extension on a worker, on the test clock; stopped after."""
-    started: list[Recovery] = []
+    """Start a Recovery extension on a worker, and the fleet totals beside it (as the
+    add-on does), on the test clock; stopped after."""
+    started: list[Recovery | FleetTotals] = []
 
     def start(scheduler: Scheduler) -> Recovery:
         recovery = Recovery(scheduler.config, scheduler.stats, clock=clock)
         recovery.worker_opened(scheduler.view)
-        started.append(recovery)
+        totals = FleetTotals(scheduler.stats, 1, clock=clock)
+        totals.worker_opened(scheduler.view)
+        started.extend([recovery, totals])
         return recovery
 
     yield start
-    for recovery in started:
-        recovery.spider_closed()
+    for extension in started:
+        extension.spider_closed()
 
 
 def _run_sweeps(clock: task.Clock, seconds: int = 4) -> None:

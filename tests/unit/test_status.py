@@ -1,0 +1,178 @@
+"""``status`` tells the truth: an ETA that knows politeness, none when there is no
+honest one, ``finished`` for a finished crawl, dead workers' last totals marked."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+
+import pytest
+
+from scrapy_redisspine.cli_commands import lane_pace
+from scrapy_redisspine.cli_output import render_status
+from scrapy_redisspine.control import DRAIN, PAUSED, StatsPusher, give_order, record_progress
+from scrapy_redisspine.frontier import NewRequest
+from scrapy_redisspine.settings import load_config
+from scrapy_redisspine.status import read_status
+from scrapy_redisspine.status_eta import LanePace
+
+if TYPE_CHECKING:
+    import redis
+
+    from scrapy_redisspine.frontier import Frontier
+    from scrapy_redisspine.keys import CrawlKeys
+
+
+def _now_ms(client: redis.Redis) -> int:
+    seconds, micros = client.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def _queue(frontier: Frontier, lane: str, count: int) -> None:
+    frontier.enqueue([NewRequest(f"{lane}/{i}".encode(), f"fp-{lane}-{i}".encode(), lane=lane)
+                      for i in range(count)])
+
+
+@pytest.fixture
+def busy_crawl(frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys) -> Frontier:
+    """The issue's crawl: 110 queued, 92 of them on a lane with a 1 s Crawl-delay; the
+    fleet acks 500 a minute; one live worker."""
+    frontier.register(flush=False, alive_ms=30_000)
+    _queue(frontier, "slow.test", 92)
+    _queue(frontier, "fast.test", 18)
+    frontier.set_crawl_delay("slow.test", 1.0)
+    now = _now_ms(client)
+    client.zadd(crawl_keys.progress, {f"{now - 30_000}:w1:0:0": now - 30_000})
+    client.hset(crawl_keys.stats, "acked", 250)
+    return frontier
+
+
+def test_the_eta_is_the_slowest_lanes_backlog_at_its_delay_not_the_fleet_rate(
+    busy_crawl: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
+) -> None:
+    status = read_status(client, crawl_keys)
+    assert status["queued"] == 110
+    assert 450 <= status["rate_per_minute"] <= 510  # 110 left at that rate: ~13 s
+    assert status["eta_seconds"] == 92
+    assert status["eta_bound"] == "politeness"
+    assert status["slowest_lane"] == {"lane": "slow.test", "backlog": 92,
+                                      "seconds_per_request": 1.0, "seconds": 92}
+    assert "ETA 1m32s (politeness: slow.test, 92 queued at 1.0 s each)" in render_status(status)
+
+
+def test_the_projects_delay_and_concurrency_give_each_lanes_pace(
+    busy_crawl: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
+) -> None:
+    pace = lane_pace(load_config({"DOWNLOAD_DELAY": 3, "REDISSPINE_HOST_CONCURRENCY": 2,
+                                  "REDISSPINE_HOST_DELAYS": {"fast.test": 20}}))
+    assert pace == LanePace(3.0, {"fast.test": 20.0}, 2)
+    status = read_status(client, crawl_keys, pace=pace)
+    # slow.test: 92 x max(3, 1) / 2 = 138 s; fast.test: 18 x 20 / 2 = 180 s
+    assert status["slowest_lane"]["lane"] == "fast.test"
+    assert status["eta_seconds"] == 180
+
+
+def test_without_any_delay_the_eta_comes_from_the_rate(
+    frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
+) -> None:
+    frontier.register(flush=False, alive_ms=30_000)
+    _queue(frontier, "a.test", 50)
+    now = _now_ms(client)
+    client.zadd(crawl_keys.progress, {f"{now - 30_000}:w1:0:0": now - 30_000})
+    client.hset(crawl_keys.stats, "acked", 50)
+    status = read_status(client, crawl_keys)
+    assert status["slowest_lane"] is None
+    assert status["eta_bound"] == "rate"
+    assert 29 <= status["eta_seconds"] <= 31
+
+
+@pytest.mark.parametrize("order", [PAUSED, DRAIN])
+def test_no_eta_while_paused_or_draining(
+    busy_crawl: Frontier, client: redis.Redis, crawl_keys: CrawlKeys, order: str
+) -> None:
+    give_order(client, crawl_keys, order, True)
+    status = read_status(client, crawl_keys)
+    assert status["state"] == ("paused" if order == PAUSED else "draining")
+    assert status["eta_seconds"] is None
+    assert "ETA -" in render_status(status)
+
+
+def test_no_eta_when_no_worker_runs(
+    busy_crawl: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
+) -> None:
+    busy_crawl.leave()
+    status = read_status(client, crawl_keys)
+    assert status["state"] == "waiting for workers"
+    assert status["eta_seconds"] is None
+
+
+def test_a_finished_crawl_says_finished_and_has_no_rate(
+    frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
+) -> None:
+    frontier.register(flush=False, alive_ms=30_000)
+    _queue(frontier, "a.test", 1)
+    frontier.ack([frontier.lease(1).leases[0].handle])
+    record_progress(client, crawl_keys, "w1", 0, 0)
+    client.hset(crawl_keys.stats, "acked", 1)
+    assert frontier.mark_finished()
+    status = read_status(client, crawl_keys)
+    assert (status["state"], status["rate_per_minute"], status["eta_seconds"]) == (
+        "finished", None, None)
+    text = render_status(status)
+    assert text.startswith("crawl test: finished\n")
+    assert "ETA finished" in text
+    assert "rate" not in text
+
+
+def test_a_dead_workers_last_pushed_totals_are_kept_and_marked(
+    frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
+) -> None:
+    frontier.register(flush=False, alive_ms=30_000)
+    StatsPusher(client, crawl_keys, worker_id="killed").push(
+        {"response_received_count": 40, "item_scraped_count": 38})
+    StatsPusher(client, crawl_keys, worker_id="left").push({"item_scraped_count": 2},
+                                                            final=True)
+    StatsPusher(client, crawl_keys, worker_id="w1").push({"item_scraped_count": 5})
+    status = read_status(client, crawl_keys)
+    rows = {row["id"]: row for row in status["workers"]}
+    assert rows["w1"]["state"] == "alive"
+    assert rows["w1"]["totals"]["item_scraped_count"] == 5
+    assert rows["killed"]["state"] == "dead"
+    assert not rows["killed"]["alive"]
+    assert rows["killed"]["totals"]["response_received_count"] == 40
+    assert rows["left"]["state"] == "closed"
+    assert status["workers_alive"] == 1
+    assert status["fleet_stats"]["item_scraped_count"] == 45
+    text = render_status(status)
+    killed = next(line for line in text.splitlines() if line.startswith("killed"))
+    assert "dead: last pushed totals" in killed
+    assert killed.split()[-3:] == ["40", "38", "0"], "pages, items, errors"
+    assert json.loads(json.dumps(status)) == status, "still JSON-ready"
+
+
+def test_sections_with_nothing_to_show_print_no_empty_table(
+    client: redis.Redis, crawl_keys: CrawlKeys
+) -> None:
+    client.sadd(crawl_keys.crawls, crawl_keys.crawl_id)
+    text = render_status(read_status(client, crawl_keys))
+    assert "workers: 0 alive of 0" in text
+    assert "worker  alive" not in text, "no header of an empty workers table"
+    assert "top hosts" not in text
+    assert "lane" not in text
+
+
+def test_redis_memory_and_the_budget_the_workers_hold_it_to(
+    real_redis: redis.Redis, crawl_keys: CrawlKeys
+) -> None:
+    real_redis.sadd(crawl_keys.crawls, crawl_keys.crawl_id)
+    memory = read_status(real_redis, crawl_keys, memory_budget_bytes=10**12)["redis_memory"]
+    assert memory["used_bytes"] > 0
+    assert memory["budget_bytes"] == 10**12, "no maxmemory: the setting's budget"
+    real_redis.config_set("maxmemory", 10**9)
+    try:
+        status = read_status(real_redis, crawl_keys, memory_budget_bytes=10**12)
+    finally:
+        real_redis.config_set("maxmemory", 0)
+    assert status["redis_memory"]["max_bytes"] == 10**9
+    assert status["redis_memory"]["budget_bytes"] == 10**9, "the smaller of the two"
+    assert "byte budget" in render_status(status)
