@@ -15,7 +15,7 @@ KEYS[4]  workers   ZSET   worker id -> last heartbeat (ms)
 KEYS[5]  starting  ZSET   workers still producing start requests
 KEYS[6 ..]         every other key of the crawl
 
-ARGV[1]  worker    the closing worker's id
+ARGV[1]  worker    the closing worker's id (it leaves `workers` here)
 ARGV[2]  epoch     its crawl's epoch ("" for a tool: no check)
 ARGV[3]  alive_ms  a worker whose heartbeat is younger than this is alive
 
@@ -31,15 +31,14 @@ if crawl_status(record, epoch) ~= "ok" then
 end
 local now_ms = clock_ms()
 redis.call("ZREM", starting, worker) -- a worker that closes is done starting
+-- and it leaves here, in the same step: two workers closing at once must not each
+-- count the other as alive, or neither deletes the record
+redis.call("ZREM", workers, worker)
 if redis.call("ZCARD", queue) > 0 or redis.call("HLEN", inflight) > 0
         or redis.call("ZCOUNT", starting, now_ms - alive_ms, "+inf") > 0 then
     return 0
 end
 local others = redis.call("ZCOUNT", workers, now_ms - alive_ms, "+inf")
-local own = redis.call("ZSCORE", workers, worker)
-if own and tonumber(own) >= now_ms - alive_ms then
-    others = others - 1
-end
 if others > 0 then
     redis.call("DEL", unpack(KEYS, 6))
     redis.call("DEL", queue, inflight, starting)

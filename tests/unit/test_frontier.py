@@ -784,6 +784,22 @@ class TestPurge:
         assert b"test" not in client.smembers(crawl_keys.crawls)
 
 
+    def test_two_workers_closing_at_once_leave_nothing_behind(
+        self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        # Both run their purge before either leaves: the first must not count the
+        # second as alive while the second counts the first (the record would stay).
+        other = Frontier(client, crawl_keys, "w2")
+        frontier.register(flush=False, alive_ms=ALIVE_MS)
+        other.register(flush=False, alive_ms=ALIVE_MS)
+        frontier.enqueue(_requests(b"a"))
+        assert frontier.ack([lease.handle for lease in frontier.lease(1).leases]) == 1
+        assert not frontier.upkeep.purge_if_done(frontier.epoch, ALIVE_MS), "w2 is alive"
+        assert client.exists(crawl_keys.record), "kept for w2, which is about to close"
+        assert other.upkeep.purge_if_done(other.epoch, ALIVE_MS)
+        assert _existing(client, *crawl_keys.all_crawl_keys()) == []
+
+
 class TestRobustness:
     def test_check_key_types_passes_on_empty_and_used_crawls(
         self, wide: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
