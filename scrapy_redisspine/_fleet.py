@@ -78,6 +78,7 @@ class FleetMember:
         self.pending = True  # work queued or in flight fleet-wide, as last seen
         self.queued = 0
         self.inflight = 0
+        self.shed = 0  # requests dropped fleet-wide for lack of Redis memory
         self.checked_at = float("-inf")  # clock time of the last count
         self._heartbeat = Periodic("heartbeat", self.heartbeat, heartbeat_seconds, clock, stats)
 
@@ -124,6 +125,7 @@ class FleetMember:
             return
         self.queued, self.inflight = counts.queued, counts.inflight
         self.pending = counts.pending
+        self.shed = counts.shed
         self.checked_at = self._clock.seconds()
         if not counts.ever and not self._said_waiting:
             self._said_waiting = True

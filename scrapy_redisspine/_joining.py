@@ -37,10 +37,11 @@ REASON_CORRUPT = "redisspine_corrupt_key"
 REASON_CONFLICT = "redisspine_crawl_conflict"
 REASON_LOST = "redisspine_state_lost"
 REASON_PURGED = "redisspine_purged"
+REASON_MEMORY = "redisspine_memory_exceeded"
 #: Close reasons after which the process exits non-zero: the crawl is not done.
 FAILED_REASONS = frozenset({
     REASON_CONFIG, REASON_UNREACHABLE, REASON_CORRUPT, REASON_CONFLICT, REASON_LOST,
-    REASON_PURGED,
+    REASON_PURGED, REASON_MEMORY,
 })
 
 

@@ -181,6 +181,7 @@ class Leaser:
         error, the lease goes alone."""
         if not self._sending():
             return self._frontier.lease(count), False
+        self._outbox.report_shed()  # before the acks: raises as the lease would
         sending = self._outbox.sending()
         sent, batch = self._frontier.enqueue_and_lease(sending.entries, sending.ack_args, count)
         if not isinstance(sent, redis.RedisError):

@@ -46,6 +46,8 @@ class Enqueuer(Protocol):
 
     def injected_starts(self, fingerprints: Sequence[bytes]) -> list[bool]: ...
 
+    def add_shed(self, shed: int) -> None: ...
+
 
 @dataclass(frozen=True)
 class Sending:
@@ -95,6 +97,7 @@ class Outbox:
         self._flush_call: DelayedCall | None = None
         self._flush_due = 0.0  # when it fires (clock time)
         self._last_shed_log = float("-inf")
+        self._shed_unreported = 0  # requests shed that the fleet does not know of yet
 
     # -- what waits --------------------------------------------------------------------
 
@@ -108,7 +111,7 @@ class Outbox:
 
     @property
     def empty(self) -> bool:
-        return not self._requests and not self._acks
+        return not self._requests and not self._acks and not self._shed_unreported
 
     @property
     def cached_count(self) -> int:
@@ -165,10 +168,19 @@ class Outbox:
 
     def flush(self) -> None:
         """Send the buffers in one atomic round trip; raises what Redis raised."""
+        self.report_shed()
         if self.empty:
             return
         sending = self.sending()
         self.sent(sending, self._frontier.enqueue(sending.entries, sending.ack_args))
+
+    def report_shed(self) -> None:
+        """Tell the fleet how many requests were shed, before the acks of the requests
+        that found them leave (so no worker finds the crawl done without knowing);
+        raises what Redis raised, the count kept for the next send."""
+        if self._shed_unreported:
+            self._frontier.add_shed(self._shed_unreported)
+            self._shed_unreported = 0
 
     def sending(self) -> Sending:
         """The buffers as the frontier takes them, for a send of its own."""
@@ -200,6 +212,7 @@ class Outbox:
     def shed(self, request: Request) -> None:
         """Count (and log, once a minute) a new request dropped for lack of memory."""
         self._stats.inc_value("redisspine/memory/shed")
+        self._shed_unreported += 1
         now = self._clock.seconds()
         if now - self._last_shed_log > _SHED_LOG_INTERVAL_SECONDS:
             self._last_shed_log = now

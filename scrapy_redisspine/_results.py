@@ -162,6 +162,7 @@ class FleetCounts:
     inflight: int
     starting: int
     ever: bool
+    shed: int = 0
 
     @property
     def pending(self) -> bool:
@@ -269,6 +270,6 @@ def heartbeat(reply: Any) -> Heartbeat:
 
 def fleet_counts(reply: Any) -> FleetCounts:
     """``fleet_counts.lua``'s reply; an unreadable one reads as work left."""
-    status, queued, inflight, starting, ever = fields(reply, 5)
+    status, queued, inflight, starting, ever, shed = fields(reply, 6)
     return FleetCounts(text(status) or "ok", number(queued, 1), number(inflight),
-                       number(starting), bool(number(ever, 1)))
+                       number(starting), bool(number(ever, 1)), number(shed))

@@ -293,6 +293,11 @@ class Frontier:
             )
         )
 
+    def add_shed(self, shed: int) -> None:
+        """Count requests dropped for lack of Redis memory, fleet-wide (a full Redis
+        takes it: ``scripts/add_shed.lua``)."""
+        self._scripts.run("add_shed", [self.epoch, shed])
+
     def injected_starts(self, fingerprints: Sequence[bytes]) -> list[bool]:
         """Which of these start requests entered the crawl already (a read: works on
         a full Redis)."""

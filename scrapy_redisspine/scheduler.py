@@ -39,6 +39,7 @@ from scrapy_redisspine._items import ItemClasses
 from scrapy_redisspine._joining import (
     REASON_CONFIG,
     REASON_CORRUPT,
+    REASON_MEMORY,
     JoinRefused,
     join,
     leave_quietly,
@@ -240,7 +241,7 @@ class Scheduler(BaseScheduler):
         self.leaser.close()
         if self.engine is not None:
             self.engine.detach()
-        if self.refusal.reason is None:
+        if self.refusal.reason in (None, REASON_MEMORY):  # the crawl is in Redis
             self.hand_back.hand_back(reason)
         else:  # the crawl is gone: any write would start an empty one
             logger.info("redisspine: nothing handed back: the crawl is not in Redis")
@@ -316,7 +317,18 @@ class Scheduler(BaseScheduler):
             return True  # never finish while Redis cannot tell us the fleet is done
         if self.clock.seconds() - self.fleet.checked_at >= self.config.idle_poll_seconds:
             self.fleet.refresh_counts()
-        return self.fleet.pending or self.guard.down
+        if self.fleet.pending or self.guard.down:
+            return True
+        if self.fleet.shed:
+            self.refusal.refuse(REASON_MEMORY, (
+                f"the crawl ran out of work, but without {self.fleet.shed} newly discovered "
+                f"request(s) that workers dropped because Redis had no memory for them "
+                f"(redisspine/memory/shed): it is not finished. Raise Redis's maxmemory "
+                f"or REDISSPINE_MEMORY_BUDGET_BYTES (or cap hosts with "
+                f"REDISSPINE_HOST_BACKLOG_CAP) and crawl again with a fresh crawl id"))
+            self.refusal.close_soon()
+            return True
+        return False
 
     def __len__(self) -> int:
         """Requests waiting: queued fleet-wide (as of the last heartbeat or lease),

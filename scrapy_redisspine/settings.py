@@ -147,7 +147,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("REDISSPINE_MEMORY_BUDGET_BYTES", 0, as_number, (int, 0),
             "Redis memory the crawl may use; past 90 % of it (or of Redis's "
             "`maxmemory`, whichever is lower) workers stop queueing newly discovered "
-            "requests until it is back under 80 %. 0: only `maxmemory` counts."),
+            "requests until it is back under 80 % (a crawl that dropped any ends with "
+            "`redisspine_memory_exceeded`, not `finished`). 0: only `maxmemory` counts."),
     Setting("REDISSPINE_HOST_CONCURRENCY", 1, as_number, (int, 1),
             "Most requests to one politeness lane (host or domain) in flight at once, "
             "fleet-wide."),

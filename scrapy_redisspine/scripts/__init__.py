@@ -69,6 +69,7 @@ SCRIPT_NAMES = (
     "purge",
     "fleet_counts",
     "record_progress",
+    "add_shed",
     "take_slot",
 )
 

@@ -14,9 +14,11 @@ KEYS[5]  stats     HASH   fleet-wide counters (enqueued: ever queued; or the rec
 ARGV[1]  epoch     the crawl's epoch, as the worker learned it at registration
 ARGV[2]  alive_ms  a starting worker whose heartbeat is older than this is dead
 
-Returns { status, queued, inflight, starting, ever }: status as lib/crawl.lua's
+Returns { status, queued, inflight, starting, ever, shed }: status as lib/crawl.lua's
 crawl_status (counts are 0 unless "ok"); starting counts live workers still
-producing start requests; ever is 1 once any request was queued.
+producing start requests; ever is 1 once any request was queued; shed counts the
+newly discovered requests workers dropped for lack of Redis memory (add_shed.lua):
+a crawl done with shed > 0 is not "finished" (a count that is no number reads as 1).
 ]]
 -- #include clock
 -- #include crawl
@@ -24,8 +26,10 @@ local record, queue, inflight, starting, stats = KEYS[1], KEYS[2], KEYS[3], KEYS
 local epoch, alive_ms = ARGV[1], tonumber(ARGV[2])
 local status = crawl_status(record, epoch)
 if status ~= "ok" then
-    return { status, 0, 0, 0, 0 }
+    return { status, 0, 0, 0, 0, 0 }
 end
+local shed = redis.call("HGET", stats, "shed")
+shed = shed and math.floor(tonumber(shed) or 1) or 0
 return {
     status,
     redis.call("ZCARD", queue),
@@ -33,4 +37,5 @@ return {
     redis.call("ZCOUNT", starting, clock_ms() - alive_ms, "+inf"),
     -- a crawl purged as finished (persistence off) keeps no counters, only that
     math.max(redis.call("HEXISTS", stats, "enqueued"), redis.call("HEXISTS", record, "finished_ms")),
+    shed,
 }

@@ -187,9 +187,14 @@ def test_small_maxmemory_is_watched_not_hit(fleet: Fleet, site_factory: SiteFact
         used = int(server.client().info("memory")["used_memory"])
         server.client().config_set("maxmemory", used + 20_000)
         results = wait_workers(workers, timeout=120)
-    assert_finished(results)
     shed = sum(r.stats.get("redisspine/memory/shed", 0) for r in results)
     assert shed > 0, "the budget was never reached: make the site bigger"
+    # the crawl ran out of work without what it shed: no worker says "finished"
+    for result in results:
+        detail = f"worker {result.index}: rc={result.returncode}\n{result.log[-3000:]}"
+        assert result.finish_reason == "redisspine_memory_exceeded", detail
+        assert result.returncode != 0, detail
+        assert f"without {shed} newly discovered request(s)" in result.log, detail
     logs = "\n".join(r.log for r in results)
     assert "near its memory budget" in logs
     assert "Traceback" not in logs
@@ -212,9 +217,14 @@ def test_a_worker_joining_a_redis_that_stays_full_brings_its_start_request_and_f
         [late] = fleet.start(1, {**settings, "LINKS_EXTRA_START_URLS": extra}, log="late")
         results = wait_workers([first, late], timeout=120)
         over = int(server.client().info("memory")["used_memory"]) >= used
-    assert_finished(results)
+        left = server.client().zcard(fleet.keys.workers)
     assert over, "Redis got room back: the case is not the one under test"
     assert any(r["path"] == "/joined-late" for r in site.requests()), "the late start was lost"
+    # discoveries were shed meanwhile: the crawl ends, loudly, as not finished
+    for result in results:
+        assert (result.returncode, result.finish_reason) != (0, "finished"), result.log[-3000:]
+        assert result.finish_reason == "redisspine_memory_exceeded", result.log[-3000:]
+    assert left == 0, "each worker left the fleet on its way out"
     logs = "\n".join(r.log for r in results)
     assert "Traceback" not in logs
     assert "while closing" not in logs, "what a closing worker held needs no room"

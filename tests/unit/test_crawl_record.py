@@ -259,3 +259,45 @@ def test_a_write_into_a_vanished_crawl_is_refused_before_any_heartbeat(
     _assert_refused(scheduler, "redisspine_state_lost")
     scheduler.close("redisspine_state_lost")
     assert _crawl_keys_left(client) == []
+
+
+# -- work dropped for lack of memory ---------------------------------------------------
+
+
+def test_a_crawl_done_without_requests_shed_for_memory_is_not_finished(
+    make_scheduler: MakeScheduler, client: redis.Redis, clock: task.Clock,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # One worker drops a discovery for lack of memory; another, which never shed a
+    # thing, finds the crawl out of work. Neither may say "finished".
+    shedder = make_scheduler("w1")
+    other = make_scheduler("w2")
+    shedder.enqueue_request(Request("http://example.com/a"))
+    parent = next_request(shedder)
+    assert parent is not None
+    shedder.guard.memory_pressure = True
+    assert not shedder.enqueue_request(Request("http://example.com/found"))
+    finish(shedder, parent)  # its ack goes after the count
+    assert shedder.outbox.try_flush()
+    assert client.hget(KEYS.stats, "shed") == b"1"
+    for scheduler in (shedder, other):
+        scheduler.fleet.refresh_counts()  # each notes that its start requests are in
+    clock.advance(1)
+    with caplog.at_level(logging.ERROR, logger="scrapy_redisspine"):
+        for scheduler in (other, shedder):
+            assert scheduler.has_pending_requests(), "out of work, and not finished"
+            _assert_refused(scheduler, "redisspine_memory_exceeded")
+    assert "without 1 newly discovered request(s)" in caplog.text
+
+
+def test_an_unreadable_shed_count_is_not_taken_for_none(
+    make_scheduler: MakeScheduler, client: redis.Redis, clock: task.Clock
+) -> None:
+    scheduler = make_scheduler("w1")
+    scheduler.enqueue_request(Request("http://example.com/a"))
+    finish(scheduler, next_request(scheduler))
+    assert scheduler.outbox.try_flush()
+    client.hset(KEYS.stats, "shed", "garbage")
+    clock.advance(1)
+    assert scheduler.has_pending_requests()
+    _assert_refused(scheduler, "redisspine_memory_exceeded")

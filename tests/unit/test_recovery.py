@@ -809,7 +809,9 @@ class TestFullRedisWhileLeasing:
             assert scheduler.guard.memory_pressure
             assert _stat(scheduler, "redisspine/memory/shed") == 1
             assert _stat(scheduler, "redisspine/memory/oom/enqueue") == 1
-            assert scheduler.outbox.empty
+            assert len(scheduler.outbox) == 0, "the discovery was shed"
+            assert scheduler.outbox.try_flush(), "its count goes in on a full Redis"
+            assert client.hget(scheduler.frontier.keys.stats, "shed") == b"1"
             assert not scheduler.guard.down, "a full Redis is not a down one"
         finally:
             client.config_set("maxmemory", 0)
