@@ -65,7 +65,8 @@ def join(config: SpineConfig, crawl_id: str, spider: str, worker_id: str) -> Joi
     frontier = Frontier(
         connection.client, CrawlKeys(config.key_prefix, crawl_id), worker_id,
         config.queue_order, concurrency=config.host_concurrency,
-        backlog_cap=config.host_backlog_cap,
+        backlog_cap=config.host_backlog_cap, items_cap=config.items_max_count,
+        items_max_bytes=config.items_max_bytes,
     )
     try:
         frontier.upkeep.check_key_types()

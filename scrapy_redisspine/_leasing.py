@@ -182,7 +182,9 @@ class Leaser:
         if not self._sending():
             return self._frontier.lease(count), False
         sending = self._outbox.sending()
-        sent, batch = self._frontier.enqueue_and_lease(sending.entries, sending.ack_args, count)
+        sent, batch = self._frontier.enqueue_and_lease(
+            sending.entries, sending.ack_args, count, sending.items, sending.loose
+        )
         if not isinstance(sent, redis.RedisError):
             self._outbox.sent(sending, sent)
             return batch, True

