@@ -262,9 +262,14 @@ class FrontierUpkeep:
 
     def purge_if_done(self, epoch: str = "", alive_ms: int = 30_000) -> bool:
         """Delete the crawl's keys if it is done (see ``scripts/purge_if_done.lua``);
-        True when nothing of it is left (other live workers keep its record)."""
+        True when nothing of it is left (other live workers keep its record).
+
+        The items stream stays: it is the crawl's output, not its state
+        (``redisspine export`` reads it after the crawl; ``redisspine purge`` deletes
+        it)."""
         named = self._scripts.keys("purge_if_done")
-        rest = [key for key in self.keys.all_crawl_keys() if key not in named]
+        rest = [key for key in self.keys.all_crawl_keys()
+                if key not in named and key != self.keys.items]
         purged = int(self._scripts.run("purge_if_done", [self.worker_id, epoch, alive_ms], rest))
         if purged == 2:  # a separate command: the registry lies outside the crawl's slot
             self.client.srem(self.keys.crawls, self.keys.crawl_id)

@@ -56,3 +56,13 @@ class FleetItems:
         request = getattr(response, "request", None)
         url = getattr(response, "url", None) or getattr(request, "url", "")
         self.box.add(item, request, str(url))
+
+
+def feed_uri_params(params: dict[str, Any], spider: Any) -> dict[str, Any]:
+    """Scrapy's ``FEEDS`` ``uri_params`` hook adding ``%(worker)s``: this process's host
+    and pid, so that each worker of a fleet writes a feed of its own (``%(time)s``
+    alone is the same for two workers started in one second)."""
+    import os
+    import socket
+
+    return {**params, "worker": f"{socket.gethostname()}-{os.getpid()}"}

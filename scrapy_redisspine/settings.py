@@ -85,7 +85,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("REDISSPINE_PERSIST", True, as_bool, (),
             "Keep the crawl's keys when it finishes, so a later run resumes it (and "
             "skips what was seen). With `False` the last worker to finish deletes "
-            "them; a worker stopped early never deletes anything."),
+            "them (all but the items stream of `REDISSPINE_ITEMS`: `redisspine purge` deletes "
+            "that); a worker stopped early never deletes anything."),
     Setting("REDISSPINE_FLUSH_ON_START", False, as_bool, (),
             "Delete the crawl's keys when a worker opens, unless other workers of "
             "the crawl are alive (so a late joiner cannot wipe its peers' work)."),

@@ -21,7 +21,7 @@ from scrapy.http import HtmlResponse
 from scrapy.utils.test import get_crawler
 
 from scrapy_redisspine._items import ItemClasses
-from scrapy_redisspine.fleet_items import FleetItems
+from scrapy_redisspine.fleet_items import FleetItems, feed_uri_params
 from scrapy_redisspine.frontier import Frontier, Lease, NewRequest, StreamItem
 from scrapy_redisspine.item_codec import (
     ItemCodec,
@@ -181,6 +181,18 @@ class TestScript:
         assert result.items_written == 1
         assert _urls(client, crawl_keys) == ["https://a.example/s"]
 
+    def test_the_items_outlive_a_crawl_purged_as_done_but_not_an_explicit_purge(
+        self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        frontier.register(flush=False, alive_ms=30_000)
+        (lease,) = _leased(frontier, b"a")
+        frontier.enqueue([], [lease.handle], [[_item("a1")]])
+        assert frontier.upkeep.purge_if_done(frontier.epoch, 30_000)  # PERSIST = False
+        left = [key for key in crawl_keys.all_crawl_keys() if client.exists(key)]
+        assert left == [crawl_keys.items]
+        frontier.upkeep.purge()
+        assert not client.exists(crawl_keys.items)
+
     def test_an_item_list_per_ack_is_required(self, frontier: Frontier) -> None:
         with pytest.raises(ValueError, match="1 item lists for 2 acks"):
             frontier.enqueue([], [("k", "t"), ("k2", "t")], [[_item("x")]])
@@ -295,6 +307,17 @@ class TestExtension:
         extension.item_scraped({"n": 3}, response=None)
         assert box.added == [({"n": 1}, request, request.url), ({"n": 2}, request, request.url),
                              ({"n": 3}, None, "")]
+
+
+def test_a_feed_uri_per_worker() -> None:
+    import os
+
+    from scrapy.extensions.feedexport import apply_uri_params
+
+    params = feed_uri_params({"name": "books", "time": "t"}, None)
+    uri = apply_uri_params("items-%(name)s-%(worker)s.jsonl", params)
+    assert uri.startswith("items-books-")
+    assert uri.endswith(f"-{os.getpid()}.jsonl")
 
 
 def _codec(serializer: str = "msgpack") -> ItemCodec:
