@@ -251,6 +251,14 @@ class FrontierUpkeep:
         record_progress(self.client, self.keys, self.worker_id, worker_acks, fleet_acks,
                         epoch=self.epoch)
 
+    def count_limits(self, items: int, errors: int, *, item_limit: int, error_limit: int,
+                     timeout_ms: int) -> str:
+        """Add this worker's new items and spider errors to the fleet's counts; the
+        fleet's close order ("" if no limit was reached; scripts/count_limits.lua)."""
+        reply = self._scripts.run("count_limits", [self.epoch, items, errors, item_limit,
+                                                   error_limit, timeout_ms])
+        return reply.decode() if isinstance(reply, bytes) else str(reply or "")
+
     def purge(self) -> int:
         """Delete every key of the crawl, whatever it holds, leaving a tombstone in
         its record (workers still on it learn it was purged); keys deleted."""

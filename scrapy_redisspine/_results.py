@@ -75,6 +75,7 @@ class LeaseBatch:
     malformed: int = 0  # queue members not written by enqueue, moved to dead letters
     wait_ms: int = -1  # until the next lane is due (-1: none scheduled)
     repairs: Repairs = ()
+    close_reason: str = ""  # a fleet-wide limit was reached (control's close order)
 
 
 @dataclass(frozen=True)
@@ -214,13 +215,13 @@ def enqueue_result(reply: Any) -> EnqueueResult:
 
 
 def lease_batch(reply: Any) -> LeaseBatch:
-    members, token, requeued, delays, queued, inflight, malformed, wait_ms, repairs = (
-        fields(reply, 9)
+    members, token, requeued, delays, queued, inflight, malformed, wait_ms, close, repairs = (
+        fields(reply, 10)
     )
     leases, unread = _leases(members if isinstance(members, list) else [],
                              str(number(token)), requeued, delays)
     return LeaseBatch(leases, number(queued), number(inflight), number(malformed),
-                      number(wait_ms, -1), (*repairs_of(repairs), *unread))
+                      number(wait_ms, -1), (*repairs_of(repairs), *unread), text(close))
 
 
 def _leases(

@@ -204,6 +204,7 @@ class Scheduler(BaseScheduler):
             codec=self.codec, local=self.local, engine=self.engine, stats=stats, clock=clock,
             batch_size=config.lease_batch_size, idle_poll_seconds=config.idle_poll_seconds,
             counted=self.fleet.counted, crawl_delay_learned=self.hosts.learned_from_lease,
+            close_ordered=self.fleet.close_ordered,
         )
         self.hand_back = HandBack(
             frontier=self.frontier, outbox=self.outbox, book=self.book, local=self.local,
@@ -219,7 +220,7 @@ class Scheduler(BaseScheduler):
         self.guard.on_crawl_gone = lambda status: self._crawl_gone(Heartbeat(status))
         self.view = signals.WorkerView(
             self.worker_id, self.frontier.upkeep, self.guard, self.hosts, self.wake,
-            self.starts, self.items,
+            self.starts, self.items, self.fleet.close_ordered,
         )
 
     def _refuse_after_join(self, reason: str, message: str) -> None:
@@ -307,7 +308,7 @@ class Scheduler(BaseScheduler):
             self.refusal.close_soon()
             return None
         orders = self.fleet.orders
-        if orders.drain:
+        if orders.drain or orders.close_reason:
             return None  # unstarted leases go back at close
         if not self.book.ready and (orders.paused or not self.leaser.lease()):
             return None

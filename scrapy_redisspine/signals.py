@@ -40,3 +40,4 @@ class WorkerView:
     wake: Callable[[], None]  # new work may be in Redis: lease soon
     starts: StartRegistry  # which requests start() yielded (startmw.StartRequests)
     items: ItemBox | None = None  # REDISSPINE_ITEMS: items go with their acks (fleet_items)
+    close_ordered: Callable[[str], None] | None = None  # a fleet-wide limit was reached

@@ -70,6 +70,7 @@ SCRIPT_NAMES = (
     "fleet_counts",
     "record_progress",
     "take_slot",
+    "count_limits",
 )
 
 __all__ = [
