@@ -134,6 +134,8 @@ def render_status(status: dict[str, Any]) -> str:
         f"{dedup['memory_bytes'] if dedup['memory_bytes'] is not None else '?'} bytes",
         f"  Redis memory: {_memory(status['redis_memory'])}",
         *_items_line(status["items"]),
+        *([f"  fleet limit reached: every worker closes ({status['close_reason']})"]
+          if status.get("close_reason") else []),
         "",
         f"workers: {status['workers_alive']} alive of {status['workers_total']}",
     ]

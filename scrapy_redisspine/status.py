@@ -289,6 +289,7 @@ def read_status(
         "dead_letters": int(dead),
         "paused": orders.paused,
         "draining": orders.drain,
+        "close_reason": orders.close_reason or None,  # a fleet-wide limit was reached
         "finished_ms": int(_number(finished_ms)) if finished_ms is not None else None,
         "workers_alive": sum(1 for w in workers if w["alive"]),
         "workers_total": int(workers_total),

@@ -209,3 +209,30 @@ def test_a_bad_closespider_value_is_refused_naming_the_setting() -> None:
 
     with pytest.raises(ConfigError, match="CLOSESPIDER_PAGECOUNT"):
         load_config({"CLOSESPIDER_PAGECOUNT": "many"})
+
+
+def test_status_says_a_fleet_limit_was_reached(
+    frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
+) -> None:
+    from scrapy_redisspine.cli_output import render_status
+    from scrapy_redisspine.status import read_status
+
+    frontier.register(flush=False, alive_ms=ALIVE_MS, spider="sched")
+    client.hset(crawl_keys.control, CLOSE, "closespider_timeout")
+    status = read_status(client, crawl_keys)
+    assert status["close_reason"] == "closespider_timeout"
+    assert "fleet limit reached: every worker closes (closespider_timeout)" in render_status(
+        status)
+
+
+def test_a_new_run_forgets_the_last_runs_close_order_but_a_joiner_keeps_it(
+    make_scheduler: MakeScheduler, client: redis.Redis, crawl_keys: CrawlKeys
+) -> None:
+    first = make_scheduler("w1")
+    client.hset(crawl_keys.control, CLOSE, "closespider_pagecount")
+    make_scheduler("w2")  # w1 is alive: w2 joins a fleet that is closing
+    assert client.hget(crawl_keys.control, CLOSE) == b"closespider_pagecount"
+    first.close("closespider_pagecount")
+    client.zrem(crawl_keys.workers, "w2")  # gone too: the next worker starts a new run
+    make_scheduler("w3")
+    assert client.hget(crawl_keys.control, CLOSE) is None
