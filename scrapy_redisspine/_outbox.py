@@ -1,12 +1,12 @@
 """New requests and acks on their way to Redis.
 
 A request's children always reach Redis in the same atomic step as its ack, or
-before it: both wait here and go in one ``enqueue`` call, and so do the request's
-items (``REDISSPINE_ITEMS``): they ride with its ack and enter the items stream only
-if Redis applies that ack, usually in the same round
+before it: both wait here and go in one ``enqueue`` call, usually in the same round
 trip as the next lease (see ``_leasing``), else when the buffer is full or its timer
-fires. Requests that went in are kept as objects for a while
-(``REDISSPINE_LOCAL_REQUEST_CACHE``), so that leasing them back skips decoding.
+fires. So do the request's items (``REDISSPINE_ITEMS``): they ride with its ack and
+enter the items stream only if Redis applies that ack. Requests that went in are
+kept as objects for a while (``REDISSPINE_LOCAL_REQUEST_CACHE``), so that leasing
+them back skips decoding.
 
 Scrapy-free: requests are only held, never built or inspected here.
 """
@@ -206,9 +206,9 @@ class Outbox:
     def sending(self) -> Sending:
         """The buffers as the frontier takes them, for a send of its own."""
         requests, acks = self._requests, self._acks
-        items = self._ack_items if self._items_waiting else []
+        items = list(self._ack_items) if self._items_waiting else []  # one per ack
         return Sending(requests, acks, [entry for entry, _ in requests],
-                       ack_args(acks, self._clock.seconds()), items, self._loose)
+                       ack_args(acks, self._clock.seconds()), items, list(self._loose))
 
     def sent(self, sending: Sending, result: EnqueueResult) -> None:
         """Redis took ``sending``: empty those buffers, count, tell the owner."""
