@@ -13,6 +13,7 @@ crawl is finished.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from scrapy_redisspine._clock import Periodic
@@ -185,16 +186,34 @@ class FleetMember:
         except CALL_ERRORS as exc:
             self._guard.failed("control", exc)
             return
+        if self.orders.close_reason and not orders.close_reason:
+            orders = replace(orders, close_reason=self.orders.close_reason)  # final
         if orders != self.orders:
             logger.info("redisspine: fleet orders now %s", orders.describe())
             if not orders.stop_leasing:
                 self._wake()
         self.orders = orders
+        self.close_if_idle()
+
+    def close_ordered(self, reason: str) -> None:
+        """A fleet-wide limit was reached (a lease reply or the limits check said so):
+        lease no more, close once nothing is in progress."""
+        if self.orders.close_reason:
+            return
+        logger.info("redisspine: fleet limit reached: closing (%s)", reason)
+        self.orders = replace(self.orders, close_reason=reason)
+        self.close_if_idle()
+
+    def close_if_idle(self) -> None:
+        """Under a drain or close order, close once nothing is in progress (the
+        unstarted leases go back at close)."""
+        reason = self.orders.closing_reason
         idle = not self._book.handed_out and not self.drain_closing
-        if orders.drain and idle and self._engine is not None:
+        if reason and idle and self._engine is not None:
             self.drain_closing = True
-            logger.info("redisspine: draining: nothing in progress, closing")
-            self._engine.close_spider("drained")
+            logger.info("redisspine: %s: nothing in progress, closing",
+                        "draining" if reason == "drained" else reason)
+            self._engine.close_spider(reason)
 
     def _fenced(self) -> None:
         """Another worker's sweep took this one for dead and requeued its leases."""

@@ -57,6 +57,7 @@ EXPECTED_TYPES = {
     "record": b"hash",
     "starting": b"zset",
     "lane_limits": b"hash",
+    "items": b"stream",
 }
 
 
@@ -250,6 +251,14 @@ class FrontierUpkeep:
         record_progress(self.client, self.keys, self.worker_id, worker_acks, fleet_acks,
                         epoch=self.epoch)
 
+    def count_limits(self, items: int, errors: int, *, item_limit: int, error_limit: int,
+                     timeout_ms: int) -> str:
+        """Add this worker's new items and spider errors to the fleet's counts; the
+        fleet's close order ("" if no limit was reached; scripts/count_limits.lua)."""
+        reply = self._scripts.run("count_limits", [self.epoch, items, errors, item_limit,
+                                                   error_limit, timeout_ms])
+        return reply.decode() if isinstance(reply, bytes) else str(reply or "")
+
     def purge(self) -> int:
         """Delete every key of the crawl, whatever it holds, leaving a tombstone in
         its record (workers still on it learn it was purged); keys deleted."""
@@ -261,9 +270,14 @@ class FrontierUpkeep:
 
     def purge_if_done(self, epoch: str = "", alive_ms: int = 30_000) -> bool:
         """Delete the crawl's keys if it is done (see ``scripts/purge_if_done.lua``);
-        True when nothing of it is left (other live workers keep its record)."""
+        True when nothing of it is left (other live workers keep its record).
+
+        The items stream stays: it is the crawl's output, not its state
+        (``redisspine export`` reads it after the crawl; ``redisspine purge`` deletes
+        it)."""
         named = self._scripts.keys("purge_if_done")
-        rest = [key for key in self.keys.all_crawl_keys() if key not in named]
+        rest = [key for key in self.keys.all_crawl_keys()
+                if key not in named and key != self.keys.items]
         purged = int(self._scripts.run("purge_if_done", [self.worker_id, epoch, alive_ms], rest))
         if purged == 2:  # a separate command: the registry lies outside the crawl's slot
             self.client.srem(self.keys.crawls, self.keys.crawl_id)

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 import redis
 
 from scrapy_redisspine.connection import RedisServerNotFound, describe_url
+from scrapy_redisspine.control import CLOSE
 from scrapy_redisspine.frontier import CorruptKeyError, Frontier, Registration
 from scrapy_redisspine.keys import CrawlKeys
 from scrapy_redisspine.worker import WorkerConnection
@@ -66,7 +67,9 @@ def join(config: SpineConfig, crawl_id: str, spider: str, worker_id: str) -> Joi
     frontier = Frontier(
         connection.client, CrawlKeys(config.key_prefix, crawl_id), worker_id,
         config.queue_order, concurrency=config.host_concurrency,
-        backlog_cap=config.host_backlog_cap,
+        backlog_cap=config.host_backlog_cap, items_cap=config.items_max_count,
+        items_max_bytes=config.items_max_bytes,
+        page_budget=0 if config.closespider_per_process else config.closespider_pagecount,
     )
     try:
         frontier.upkeep.check_key_types()
@@ -86,8 +89,19 @@ def join(config: SpineConfig, crawl_id: str, spider: str, worker_id: str) -> Joi
             f"and this is spider {spider!r}: two spiders on one crawl id would take each "
             f"other's requests. Give this spider a REDISSPINE_CRAWL_ID of its own"
         ))
+    if registration.alive == 0:
+        _new_run(frontier)
     _log_joined(config, crawl_id, connection, registration, worker_id)
     return Joined(connection, frontier, registration)
+
+
+def _new_run(frontier: Frontier) -> None:
+    """The first worker of a new run forgets the last run's close order (a fleet-wide
+    limit, ``limits``): with a raised limit the crawl goes on; with a limit still
+    spent, the next lease or check sets it again. (Workers still alive are closing
+    for it: a worker joining them keeps it.)"""
+    with contextlib.suppress(redis.RedisError):  # a full Redis refuses no HDEL; an outage
+        frontier.client.hdel(frontier.keys.control, CLOSE)  # shows at the first lease
 
 
 def _connect(config: SpineConfig, crawl_id: str, worker_id: str) -> WorkerConnection:

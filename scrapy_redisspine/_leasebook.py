@@ -64,6 +64,10 @@ class LeaseBook:
         self._handed_out[request] = handle
         return request
 
+    def holds(self, request: Request) -> bool:
+        """Is ``request`` handed out by this book (so an ack will end it)?"""
+        return request in self._handed_out
+
     def block(self, request: Request, milliseconds: int) -> bool:
         """Rest the request's lane this long after its ack; False if not ours."""
         handle = self._handed_out.get(request)

@@ -62,15 +62,18 @@ class Leaser:
         idle_poll_seconds: float,
         counted: Callable[[int, int], None],
         crawl_delay_learned: Callable[[str, float | None], None],
+        close_ordered: Callable[[str], None] = lambda reason: None,
     ) -> None:
         """``counted(queued, inflight)`` receives the fleet's counts of each lease
-        reply; ``crawl_delay_learned(lane, seconds)`` each lease's Crawl-delay."""
+        reply; ``crawl_delay_learned(lane, seconds)`` each lease's Crawl-delay;
+        ``close_ordered(reason)`` a fleet-wide limit a lease reply reports."""
         self._frontier = frontier
         self._outbox = outbox
         self._book = book
         self._guard = guard
         self._counted = counted
         self._crawl_delay_learned = crawl_delay_learned
+        self._close_ordered = close_ordered
         self._codec = codec
         self._local = local
         self._engine = engine
@@ -132,6 +135,8 @@ class Leaser:
             if sent:  # else the outbox keeps its back-off; the leases are ours
                 self._guard.succeeded("enqueue")
             self._counted(batch.queued, batch.inflight)
+            if batch.close_reason:
+                self._close_ordered(batch.close_reason)
             self.wake_when_due(batch.wait_ms)
             self._report_malformed(batch.malformed)
             self._guard.repaired("lease", batch.repairs)
@@ -183,7 +188,9 @@ class Leaser:
             return self._frontier.lease(count), False
         self._outbox.report_shed()  # before the acks: raises as the lease would
         sending = self._outbox.sending()
-        sent, batch = self._frontier.enqueue_and_lease(sending.entries, sending.ack_args, count)
+        sent, batch = self._frontier.enqueue_and_lease(
+            sending.entries, sending.ack_args, count, sending.items, sending.loose
+        )
         if not isinstance(sent, redis.RedisError):
             self._outbox.sent(sending, sent)
             return batch, True

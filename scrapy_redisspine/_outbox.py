@@ -3,8 +3,10 @@
 A request's children always reach Redis in the same atomic step as its ack, or
 before it: both wait here and go in one ``enqueue`` call, usually in the same round
 trip as the next lease (see ``_leasing``), else when the buffer is full or its timer
-fires. Requests that went in are kept as objects for a while
-(``REDISSPINE_LOCAL_REQUEST_CACHE``), so that leasing them back skips decoding.
+fires. So do the request's items (``REDISSPINE_ITEMS``): they ride with its ack and
+enter the items stream only if Redis applies that ack. Requests that went in are
+kept as objects for a while (``REDISSPINE_LOCAL_REQUEST_CACHE``), so that leasing
+them back skips decoding.
 
 Scrapy-free: requests are only held, never built or inspected here.
 """
@@ -27,7 +29,13 @@ if TYPE_CHECKING:
 
     from scrapy_redisspine._clock import Clock, DelayedCall
     from scrapy_redisspine._guard import RedisGuard
-    from scrapy_redisspine.frontier import Ack, EnqueueResult, LeaseHandle, NewRequest
+    from scrapy_redisspine.frontier import (
+        Ack,
+        EnqueueResult,
+        LeaseHandle,
+        NewRequest,
+        StreamItem,
+    )
 
 logger = logging.getLogger("scrapy_redisspine.scheduler")
 
@@ -41,7 +49,8 @@ class Enqueuer(Protocol):
     """The frontier call the outbox sends through."""
 
     def enqueue(
-        self, requests: Sequence[NewRequest], acks: Sequence[Ack | LeaseHandle] = ()
+        self, requests: Sequence[NewRequest], acks: Sequence[Ack | LeaseHandle] = (),
+        items: Sequence[Sequence[StreamItem]] = (), loose: Sequence[StreamItem] = (),
     ) -> EnqueueResult: ...
 
     def injected_starts(self, fingerprints: Sequence[bytes]) -> list[bool]: ...
@@ -57,13 +66,16 @@ class Sending:
     acks: list[PendingAck]
     entries: list[NewRequest]
     ack_args: list[Ack]
+    items: list[tuple[StreamItem, ...]]  # per ack (empty when no ack has any)
+    loose: list[StreamItem]
 
 
 class Outbox:
     """Owns the buffered requests and acks, the local request cache, the flush timer.
 
     Invariant kept: an ack never leaves before the requests buffered ahead of it,
-    so a parent never leaves in-flight before its children are queued.
+    so a parent never leaves in-flight before its children are queued; a request's
+    items leave only with its ack, in the same call.
     """
 
     def __init__(
@@ -93,11 +105,15 @@ class Outbox:
         self._on_dropped = on_dropped
         self._requests: list[tuple[NewRequest, Request]] = []
         self._acks: list[PendingAck] = []
+        self._ack_items: list[tuple[StreamItem, ...]] = []  # one per ack
+        self._loose: list[StreamItem] = []  # items of no lease (start())
+        self._items_waiting = 0  # items in _ack_items and _loose
         self._local: dict[bytes, Request] = {}  # payload -> the request it encodes
         self._flush_call: DelayedCall | None = None
         self._flush_due = 0.0  # when it fires (clock time)
         self._last_shed_log = float("-inf")
         self._shed_unreported = 0  # requests shed that the fleet does not know of yet
+        self._last_items_log = float("-inf")
 
     # -- what waits --------------------------------------------------------------------
 
@@ -111,7 +127,13 @@ class Outbox:
 
     @property
     def empty(self) -> bool:
-        return not self._requests and not self._acks and not self._shed_unreported
+        return (not self._requests and not self._acks and not self._loose
+                and not self._shed_unreported)
+
+    @property
+    def items(self) -> int:
+        """Items waiting to be sent with their acks (or loose)."""
+        return self._items_waiting
 
     @property
     def cached_count(self) -> int:
@@ -126,9 +148,19 @@ class Outbox:
         self._requests.append((entry, request))
         self.flush_soon(within)
 
-    def add_ack(self, handle: LeaseHandle, rest_ms: int, within: float) -> None:
-        """Buffer the ack of a finished lease whose lane rests ``rest_ms`` from now."""
+    def add_ack(self, handle: LeaseHandle, rest_ms: int, within: float,
+                items: Sequence[StreamItem] = ()) -> None:
+        """Buffer the ack of a finished lease whose lane rests ``rest_ms`` from now,
+        with the items its callback produced."""
         self._acks.append((handle[0], handle[1], rest_ms, self._clock.seconds()))
+        self._ack_items.append(tuple(items))
+        self._items_waiting += len(items)
+        self.flush_soon(within)
+
+    def add_loose(self, item: StreamItem, within: float) -> None:
+        """Buffer an item that belongs to no lease (one ``start()`` yielded)."""
+        self._loose.append(item)
+        self._items_waiting += 1
         self.flush_soon(within)
 
     def cached(self, payload: bytes) -> Request | None:
@@ -140,7 +172,8 @@ class Outbox:
     def flush_soon(self, within: float) -> None:
         """Send the buffers now if full, else within ``within`` seconds at the latest
         (the next lease usually carries them sooner)."""
-        if len(self._requests) + len(self._acks) >= self._batch_size or within <= 0:
+        waiting = len(self._requests) + len(self._acks) + self._items_waiting
+        if waiting >= self._batch_size or within <= 0:
             self.try_flush()
             return
         due = self._clock.seconds() + within
@@ -172,7 +205,8 @@ class Outbox:
         if self.empty:
             return
         sending = self.sending()
-        self.sent(sending, self._frontier.enqueue(sending.entries, sending.ack_args))
+        self.sent(sending, self._frontier.enqueue(sending.entries, sending.ack_args,
+                                                  sending.items, sending.loose))
 
     def report_shed(self) -> None:
         """Tell the fleet how many requests were shed, before the acks of the requests
@@ -185,13 +219,17 @@ class Outbox:
     def sending(self) -> Sending:
         """The buffers as the frontier takes them, for a send of its own."""
         requests, acks = self._requests, self._acks
+        items = list(self._ack_items) if self._items_waiting else []  # one per ack
         return Sending(requests, acks, [entry for entry, _ in requests],
-                       ack_args(acks, self._clock.seconds()))
+                       ack_args(acks, self._clock.seconds()), items, list(self._loose))
 
     def sent(self, sending: Sending, result: EnqueueResult) -> None:
         """Redis took ``sending``: empty those buffers, count, tell the owner."""
         self._requests = self._requests[len(sending.requests):]  # new lists
         self._acks = self._acks[len(sending.acks):]
+        self._ack_items = self._ack_items[len(sending.acks):]
+        self._loose = self._loose[len(sending.loose):]
+        self._items_waiting -= len(sending.loose) + sum(len(its) for its in sending.items)
         self._record(sending, result)
         self._guard.repaired("enqueue", result.repairs)
         self._on_sent(result)
@@ -226,7 +264,9 @@ class Outbox:
         """Redis refused writes (OOM): keep work in progress, drop new discoveries,
         and start requests another worker already injected (a read still works on a
         full Redis). What is kept goes in on the next try however full Redis is: a
-        batch of only start and dont_filter requests needs no room (enqueue.lua)."""
+        batch of only start and dont_filter requests needs no room (enqueue.lua).
+        Items waiting are shed too: they would be written past the budget."""
+        self.shed_items()
         kept: list[tuple[NewRequest, Request]] = []
         for entry, request in self._requests:
             if entry.is_start or request.dont_filter:
@@ -244,6 +284,27 @@ class Outbox:
         skipped = len(kept) - len(self._requests)
         if skipped:
             self._stats.inc_value("redisspine/scheduler/start_requests_skipped", skipped)
+
+    def shed_items(self) -> None:
+        """Drop the items waiting (their acks stay): counted, logged once a minute."""
+        if not self._items_waiting:
+            return
+        self.items_shed(self._items_waiting)
+        self._ack_items = [() for _ in self._ack_items]
+        self._loose = []
+        self._items_waiting = 0
+
+    def items_shed(self, count: int) -> None:
+        """Count (and log, once a minute) items not stored for lack of room."""
+        self._stats.inc_value("redisspine/items/shed", count)
+        now = self._clock.seconds()
+        if now - self._last_items_log > _SHED_LOG_INTERVAL_SECONDS:
+            self._last_items_log = now
+            logger.warning(
+                "redisspine: %d item(s) not stored: the items stream is at its cap "
+                "(REDISSPINE_ITEMS_MAX_COUNT / REDISSPINE_ITEMS_MAX_BYTES) or Redis is near "
+                "its memory budget; see redisspine/items/shed", count,
+            )
 
     # -- bookkeeping -----------------------------------------------------------------------
 
@@ -265,6 +326,14 @@ class Outbox:
                 self._on_dropped(request)
             else:
                 stats.inc_value("redisspine/scheduler/start_requests_skipped")
+        if result.items_written:
+            stats.inc_value("redisspine/items/stored", result.items_written)
+        if result.items_shed:
+            self.items_shed(result.items_shed)
+        carried = len(sending.loose) + sum(len(its) for its in sending.items)
+        fenced = carried - result.items_written - result.items_shed
+        if fenced > 0:  # their acks were refused: another worker's ack writes them
+            stats.inc_value("redisspine/items/fenced", fenced)
         sent = len(sending.acks)
         if sent:
             stats.inc_value("redisspine/scheduler/acked", result.acked)

@@ -75,6 +75,7 @@ class LeaseBatch:
     malformed: int = 0  # queue members not written by enqueue, moved to dead letters
     wait_ms: int = -1  # until the next lane is due (-1: none scheduled)
     repairs: Repairs = ()
+    close_reason: str = ""  # a fleet-wide limit was reached (control's close order)
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,8 @@ class EnqueueResult:
     statuses: str
     acked: int
     repairs: Repairs = ()
+    items_written: int = 0  # items of applied acks (and loose ones) now in the stream
+    items_shed: int = 0  # items the stream's cap refused
 
     @property
     def enqueued(self) -> int:
@@ -207,18 +210,19 @@ def count_result(reply: Any) -> Count:
 
 
 def enqueue_result(reply: Any) -> EnqueueResult:
-    statuses, acked, repairs = fields(reply, 3)
-    return EnqueueResult(text(statuses), number(acked), repairs_of(repairs))
+    statuses, acked, written, shed, repairs = fields(reply, 5)
+    return EnqueueResult(text(statuses), number(acked), repairs_of(repairs), number(written),
+                         number(shed))
 
 
 def lease_batch(reply: Any) -> LeaseBatch:
-    members, token, requeued, delays, queued, inflight, malformed, wait_ms, repairs = (
-        fields(reply, 9)
+    members, token, requeued, delays, queued, inflight, malformed, wait_ms, close, repairs = (
+        fields(reply, 10)
     )
     leases, unread = _leases(members if isinstance(members, list) else [],
                              str(number(token)), requeued, delays)
     return LeaseBatch(leases, number(queued), number(inflight), number(malformed),
-                      number(wait_ms, -1), (*repairs_of(repairs), *unread))
+                      number(wait_ms, -1), (*repairs_of(repairs), *unread), text(close))
 
 
 def _leases(

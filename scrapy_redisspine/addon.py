@@ -5,7 +5,9 @@ sets them explicitly in settings.py still wins, and enables the recovery extensi
 (the sweep that requeues the work of dead workers), the fleet log line, the fleet
 totals (each worker's stats growth summed in Redis), the
 politeness downloader middleware (Retry-After and robots.txt Crawl-delay, shared
-fleet-wide) and the start-requests spider middleware.
+fleet-wide), the start-requests spider middleware and, with ``REDISSPINE_ITEMS``,
+the fleet items extension (``fleet_items``) and the fleet-wide limits
+(``limits``).
 
 Only the commands that crawl join the fleet: ``scrapy crawl`` and ``scrapy runspider``
 (and any program running a ``CrawlerProcess``). ``scrapy shell``, ``fetch``, ``view``,
@@ -75,6 +77,15 @@ class Addon:
         settings.setdefault_in_component_priority_dict("EXTENSIONS", Recovery, 500)
         settings.setdefault_in_component_priority_dict("EXTENSIONS", FleetLog, 510)
         settings.setdefault_in_component_priority_dict("EXTENSIONS", FleetTotals, 505)
+        from scrapy_redisspine.fleet_items import FleetItems
+
+        # Off unless REDISSPINE_ITEMS (NotConfigured): read when the crawler is built,
+        # after every settings source, so the add-on need not decide here.
+        settings.setdefault_in_component_priority_dict("EXTENSIONS", FleetItems, 520)
+        from scrapy_redisspine.limits import FleetLimits
+
+        # Off unless a CLOSESPIDER_* item, error or time limit counts fleet-wide.
+        settings.setdefault_in_component_priority_dict("EXTENSIONS", FleetLimits, 530)
         # After RetryMiddleware (550) on the way in: sees 429/503 before it retries.
         settings.setdefault_in_component_priority_dict("DOWNLOADER_MIDDLEWARES", Politeness, 560)
         from scrapy_redisspine.startmw import StartRequests

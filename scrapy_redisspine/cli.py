@@ -5,6 +5,7 @@
     redisspine pause|resume|drain CRAWL
     redisspine dead-letters CRAWL [--drop ID... | --all [--yes]]
     redisspine requeue-dead CRAWL
+    redisspine export CRAWL -o FILE|- [--format FMT] [--follow] [--after ID]
     redisspine purge CRAWL [--yes]
     redisspine list
     redisspine metrics [CRAWL...] [--port 9410] [--host 127.0.0.1]
@@ -35,7 +36,7 @@ from typing import TYPE_CHECKING
 
 import redis
 
-from scrapy_redisspine import cli_commands, control
+from scrapy_redisspine import cli_commands, cli_export, control
 from scrapy_redisspine._cli_errors import (
     EXIT_INTERRUPTED,
     EXIT_PARTIAL,
@@ -162,6 +163,9 @@ COMMANDS: dict[str, tuple[Callable[[Context, argparse.Namespace], int], str]] = 
     "dead-letters": (cli_commands.cmd_dead_letters,
                      "list dead letters with their reasons, or drop them for good"),
     "requeue-dead": (cli_commands.cmd_requeue_dead, "put dead letters back in the queue"),
+    "export": (cli_export.cmd_export,
+               "write the crawl's items (REDISSPINE_ITEMS) to a file, resuming where the "
+               "last export to it stopped"),
     "purge": (cli_commands.cmd_purge, "delete every key of a crawl"),
     "list": (cli_commands.cmd_list, "crawls on this Redis"),
     "metrics": (cli_commands.cmd_metrics,
@@ -241,6 +245,16 @@ def _command_options(name: str, sub: argparse.ArgumentParser) -> None:
         sub.add_argument("--yes", action="store_true", help="do not ask")
     elif name == "purge":
         sub.add_argument("--yes", action="store_true", help="do not ask")
+    elif name == "export":
+        sub.add_argument("-o", "--output", required=True, metavar="FILE",
+                         help="output file, format by extension (.jsonl .json .csv .xml); "
+                              "'-' for standard output")
+        sub.add_argument("--format", choices=sorted(set(cli_export.FORMATS.values())),
+                         help="format, whatever the extension (default for '-': jsonlines)")
+        sub.add_argument("--follow", action="store_true",
+                         help="keep reading a live crawl until it is finished")
+        sub.add_argument("--after", metavar="ID",
+                         help="start after this stream entry id (a fresh export only)")
 
 
 def build_parser() -> argparse.ArgumentParser:

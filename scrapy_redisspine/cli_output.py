@@ -108,6 +108,14 @@ def _memory(memory: dict[str, int | None]) -> str:
     return f"{used} bytes used of a {budget} byte budget ({100 * used / budget:.0f} %)"
 
 
+def _items_line(items: dict[str, int]) -> list[str]:
+    """One line about the items stream, when the crawl stores items."""
+    if not (items["in_stream"] or items["stored"] or items["shed"]):
+        return []
+    return [f"  items: {items['in_stream']} in the stream   stored {items['stored']}   "
+            f"shed {items['shed']}   fenced {items['fenced']}"]
+
+
 def render_status(status: dict[str, Any]) -> str:
     """The readable status; a section with nothing to show is left out, not printed
     as an empty table."""
@@ -125,6 +133,9 @@ def render_status(status: dict[str, Any]) -> str:
         f"  dedup {dedup['mode']}: {dedup['set_size']} fingerprints in the SET, "
         f"{dedup['memory_bytes'] if dedup['memory_bytes'] is not None else '?'} bytes",
         f"  Redis memory: {_memory(status['redis_memory'])}",
+        *_items_line(status["items"]),
+        *([f"  fleet limit reached: every worker closes ({status['close_reason']})"]
+          if status.get("close_reason") else []),
         "",
         f"workers: {status['workers_alive']} alive of {status['workers_total']}",
     ]

@@ -38,6 +38,9 @@ PROGRESS_WINDOW_MS = 300_000  # samples kept for rates
 
 PAUSED = "paused"
 DRAIN = "drain"
+#: Set by the fleet's limits (``limits.py``, ``scripts/lease.lua``): the close reason
+#: every worker closes with (Scrapy's ``closespider_pagecount`` ...).
+CLOSE = "close_reason"
 
 #: The worker's own totals kept in ``worker_stats`` (Scrapy stat names).
 WORKER_TOTALS = (
@@ -52,21 +55,31 @@ class Orders:
 
     paused: bool = False
     drain: bool = False
+    close_reason: str = ""  # a fleet-wide limit was reached: every worker closes
 
     @property
     def stop_leasing(self) -> bool:
-        return self.paused or self.drain
+        return self.paused or self.drain or bool(self.close_reason)
+
+    @property
+    def closing_reason(self) -> str:
+        """The reason a worker with nothing in progress closes with ("" : none)."""
+        return self.close_reason or ("drained" if self.drain else "")
 
     def describe(self) -> str:
         """What a worker's log says the orders now are: ``paused``, ``draining``,
         ``paused and draining``, or ``resumed`` (no order in force)."""
-        named = [word for word, on in (("paused", self.paused), ("draining", self.drain)) if on]
+        named = [word for word, on in (("paused", self.paused), ("draining", self.drain),
+                                       (f"closing ({self.close_reason})", self.close_reason))
+                 if on]
         return " and ".join(named) or "resumed"
 
 
 def read_orders(client: redis.Redis, keys: CrawlKeys) -> Orders:
     raw: dict[bytes, bytes] = client.hgetall(keys.control)  # type: ignore[assignment]
-    return Orders(paused=raw.get(PAUSED.encode()) == b"1", drain=raw.get(DRAIN.encode()) == b"1")
+    reason = raw.get(CLOSE.encode(), b"").decode("utf-8", "replace")
+    return Orders(paused=raw.get(PAUSED.encode()) == b"1", drain=raw.get(DRAIN.encode()) == b"1",
+                  close_reason=reason)
 
 
 def give_order(client: redis.Redis, keys: CrawlKeys, order: str, on: bool) -> None:

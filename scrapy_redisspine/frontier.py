@@ -68,8 +68,8 @@ if TYPE_CHECKING:
 __all__ = [
     "EXPECTED_TYPES", "ORDER_KEY_LENGTH", "PRIORITY_KEY_LENGTH", "Ack", "CorruptKeyError",
     "Count", "DeadLetter", "EnqueueResult", "FleetCounts", "Frontier", "Heartbeat", "Lease",
-    "LeaseBatch", "LeaseHandle", "NewRequest", "Registration", "Repairs", "SweepResult",
-    "UnindexedResult", "priority_key", "split_member",
+    "LeaseBatch", "LeaseHandle", "NewRequest", "Registration", "Repairs", "StreamItem",
+    "SweepResult", "UnindexedResult", "priority_key", "split_member",
 ]
 
 
@@ -93,6 +93,19 @@ class NewRequest:
     def flags(self) -> str:
         flags = ("f" if not self.dont_filter else "") + ("s" if self.is_start else "")
         return flags or "-"
+
+
+@dataclass(frozen=True)
+class StreamItem:
+    """An item on its way into the crawl's items stream, with the ack of its request.
+
+    ``class_path`` names its class (``dict`` for a plain dict); ``url`` is the URL of
+    the response whose callback produced it; ``payload`` the item, serialized.
+    """
+
+    class_path: str
+    url: str
+    payload: bytes
 
 
 #: (order key, fencing token): what a release must present.
@@ -121,6 +134,9 @@ class Frontier:
         *,
         concurrency: int = 1,
         backlog_cap: int = 0,
+        items_cap: int = 0,
+        items_max_bytes: int = 0,
+        page_budget: int = 0,
     ) -> None:
         if order not in ("fifo", "lifo"):
             raise ValueError(f"order must be 'fifo' or 'lifo', got {order!r}")
@@ -130,6 +146,9 @@ class Frontier:
         self.order = order
         self.concurrency = concurrency
         self.backlog_cap = backlog_cap
+        self.items_cap = items_cap  # the items stream's caps (0: none; enqueue.lua)
+        self.items_max_bytes = items_max_bytes
+        self.page_budget = page_budget  # requests the crawl leases in all (0: no budget)
         # The crawl's identity, learned at register(): every write script is refused
         # (LOST) once the crawl in Redis is not this one. "" (tools, tests): no check.
         self.epoch = ""
@@ -186,25 +205,35 @@ class Frontier:
         self.client.zrem(self.keys.workers, self.worker_id)
 
     def enqueue(
-        self, requests: Sequence[NewRequest], acks: Sequence[Ack | LeaseHandle] = ()
+        self, requests: Sequence[NewRequest], acks: Sequence[Ack | LeaseHandle] = (),
+        items: Sequence[Sequence[StreamItem]] = (), loose: Sequence[StreamItem] = (),
     ) -> EnqueueResult:
         """Queue requests (dedup decided in Redis) and ack leases, atomically.
 
         An ack may carry how long its lane must rest from now (ms): the end of a fetch
-        plus the lane's delay, or a Retry-After block.
+        plus the lane's delay, or a Retry-After block. ``items[i]`` are the items of
+        ``acks[i]``'s request: they enter the items stream only if that ack is
+        applied (it passes the fencing check). ``loose`` items belong to no lease
+        (yielded by ``start()``) and are written as they are.
         """
-        keys, args = self._enqueue_call(requests, acks)
+        keys, args = self._enqueue_call(requests, acks, items, loose)
         return enqueue_result(self._scripts["enqueue"](keys=keys, args=args))
 
     def _enqueue_call(
-        self, requests: Sequence[NewRequest], acks: Sequence[Ack | LeaseHandle]
+        self, requests: Sequence[NewRequest], acks: Sequence[Ack | LeaseHandle],
+        items: Sequence[Sequence[StreamItem]] = (), loose: Sequence[StreamItem] = (),
     ) -> tuple[Sequence[str], list[bytes | str | int]]:
+        if items and len(items) != len(acks):
+            raise ValueError(f"{len(items)} item lists for {len(acks)} acks")
         args: list[bytes | str | int] = [
             self.epoch, self.order, self.worker_id, len(acks), self.concurrency,
-            self.backlog_cap,
+            self.backlog_cap, self.items_cap, self.items_max_bytes, len(loose),
         ]
-        for ack in acks:
-            args += [ack[0], ack[1], ack[2] if len(ack) > 2 else 0]  # type: ignore[misc]
+        for i, ack in enumerate(acks):
+            args += [ack[0], ack[1], ack[2] if len(ack) > 2 else 0,  # type: ignore[misc]
+                     len(items[i]) if items else 0]
+        for item in (*loose, *(item for its in items for item in its)):
+            args += [item.class_path, item.url, item.payload]
         for request in requests:
             args += [
                 request.flags(), request.fingerprint, request.lane,
@@ -222,10 +251,12 @@ class Frontier:
         return lease_batch(self._scripts["lease"](keys=keys, args=args))
 
     def _lease_call(self, count: int) -> tuple[Sequence[str], list[bytes | str | int]]:
-        return self._scripts.keys("lease"), [self.epoch, self.worker_id, count, self.concurrency]
+        return self._scripts.keys("lease"), [self.epoch, self.worker_id, count, self.concurrency,
+                                             self.page_budget]
 
     def enqueue_and_lease(
-        self, requests: Sequence[NewRequest], acks: Sequence[Ack | LeaseHandle], count: int
+        self, requests: Sequence[NewRequest], acks: Sequence[Ack | LeaseHandle], count: int,
+        items: Sequence[Sequence[StreamItem]] = (), loose: Sequence[StreamItem] = (),
     ) -> tuple[EnqueueResult | redis.RedisError, LeaseBatch]:
         """``enqueue`` then ``lease``, in one round trip (two scripts, each atomic).
 
@@ -236,7 +267,7 @@ class Frontier:
         raises.
         """
         calls: list[_Call] = [
-            ("enqueue", *self._enqueue_call(requests, acks)),
+            ("enqueue", *self._enqueue_call(requests, acks, items, loose)),
             ("lease", *self._lease_call(count)),
         ]
         sent, leased = self._pipelined(calls)

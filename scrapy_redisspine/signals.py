@@ -2,7 +2,7 @@
 
 ``worker_opened`` hands the extensions and the middleware a :class:`WorkerView`:
 the narrow part of a worker they may use (the frontier's upkeep calls, the Redis
-guard, the host policy, a wake-up), so that they share the scheduler's connection
+guard, the host policy, a wake-up, the item box), so that they share the scheduler's connection
 and worker identity without reaching into the scheduler itself.
 """
 
@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from scrapy_redisspine._frontier_upkeep import FrontierUpkeep
     from scrapy_redisspine._guard import RedisGuard
     from scrapy_redisspine._host_policy import HostPolicy
+    from scrapy_redisspine._itembox import ItemBox
     from scrapy_redisspine._starts import StartRegistry
 
 #: Sent by the scheduler once it joined its crawl. Arguments: ``worker`` (a
@@ -38,3 +39,5 @@ class WorkerView:
     hosts: HostPolicy  # delays; Retry-After and Crawl-delay from responses
     wake: Callable[[], None]  # new work may be in Redis: lease soon
     starts: StartRegistry  # which requests start() yielded (startmw.StartRequests)
+    items: ItemBox | None = None  # REDISSPINE_ITEMS: items go with their acks (fleet_items)
+    close_ordered: Callable[[str], None] | None = None  # a fleet-wide limit was reached

@@ -50,10 +50,12 @@ def _number(value: bytes | str | float | None) -> int | float:
 
 
 def crawl_exists(client: redis.Redis, keys: CrawlKeys) -> bool:
-    """The crawl is registered or still has any of its main keys."""
+    """The crawl is registered or still has any of its main keys (or its items, which
+    outlive a crawl that finished with ``REDISSPINE_PERSIST = False``)."""
     if client.sismember(keys.crawls, keys.crawl_id):
         return True
-    return bool(client.exists(keys.queue, keys.inflight, keys.stats, keys.workers, keys.dead))
+    return bool(client.exists(keys.queue, keys.inflight, keys.stats, keys.workers, keys.dead,
+                              keys.items))
 
 
 def list_crawls(client: redis.Redis, registry: str, limit: int = 1000) -> list[str]:
@@ -228,6 +230,14 @@ def _errors(fleet: dict[str, int | float]) -> dict[str, int | float]:
     return {name: value for name, value in fleet.items() if name.startswith(markers)}
 
 
+def _items(in_stream: int, counters: dict[str, int | float]) -> dict[str, int]:
+    """The items stream (REDISSPINE_ITEMS): what it holds now (a consumer may trim it)
+    and what the fleet wrote, shed at the cap, or kept out with a fenced ack."""
+    return {"in_stream": in_stream, "stored": int(counters.get("items", 0)),
+            "shed": int(counters.get("items_shed", 0)),
+            "fenced": int(counters.get("items_fenced", 0))}
+
+
 def _state(status: dict[str, Any]) -> str:
     """finished (and nothing left: a finished crawl fed again runs again), draining,
     paused, idle (nothing queued or in flight), running, or waiting for workers."""
@@ -259,7 +269,8 @@ def read_status(
     pipe.zcard(keys.workers)
     pipe.zrangebyscore(keys.progress, now_ms - RATE_WINDOW_MS, "+inf", 0, _MAX_SAMPLES)
     pipe.hget(keys.record, "finished_ms")
-    queued, inflight, dead, workers_total, raw_samples, finished_ms = pipe.execute()
+    pipe.xlen(keys.items)
+    queued, inflight, dead, workers_total, raw_samples, finished_ms, items = pipe.execute()
     counters = {k: _number(v) for k, v in _scan_hash(client, keys.stats, 100).items()}
     raw_fleet = _scan_hash(client, keys.fleet_stats, _MAX_STAT_FIELDS)
     fleet = {name: _number(value) for name, value in sorted(raw_fleet.items())}
@@ -278,9 +289,11 @@ def read_status(
         "dead_letters": int(dead),
         "paused": orders.paused,
         "draining": orders.drain,
+        "close_reason": orders.close_reason or None,  # a fleet-wide limit was reached
         "finished_ms": int(_number(finished_ms)) if finished_ms is not None else None,
         "workers_alive": sum(1 for w in workers if w["alive"]),
         "workers_total": int(workers_total),
+        "items": _items(int(items), counters),
     }
     status["state"] = _state(status)
     if status["state"] == "finished":

@@ -71,6 +71,7 @@ SCRIPT_NAMES = (
     "record_progress",
     "add_shed",
     "take_slot",
+    "count_limits",
 )
 
 __all__ = [

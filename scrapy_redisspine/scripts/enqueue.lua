@@ -23,6 +23,7 @@ KEYS[14] backlog   HASH   lane -> requests queued             (lib/lanes.lua)
 KEYS[15] host_next HASH   lane -> earliest next fetch (ms)    (lib/lanes.lua)
 KEYS[16] record    HASH   the crawl record: writes only while it is the caller's crawl
 KEYS[17] lane_limits HASH lane -> its own most in flight (lib/lanes.lua)
+KEYS[18] items    STREAM the crawl's items: fields class, url, item (REDISSPINE_ITEMS)
 
 ARGV[1]  epoch        the caller's crawl epoch ("": a tool, no check; lib/crawl.lua)
 ARGV[2]  order        "fifo" or "lifo"
@@ -30,15 +31,31 @@ ARGV[3]  owner        worker id
 ARGV[4]  n_acks       number of acks that follow
 ARGV[5]  concurrency  most requests of one lane in flight fleet-wide
 ARGV[6]  backlog_cap  most requests queued per lane (0: no cap)
-ARGV[7 .. 6+3*n_acks]      groups of 3: order key, lease token, rest (ms) of its lane
-ARGV[7+3*n_acks ..]        groups of 5: flags, fingerprint, lane, priority key, payload
+ARGV[7]  items_cap    most entries the items stream holds (0: no cap)
+ARGV[8]  items_bytes  most bytes of items the stream holds, estimated (0: no cap)
+ARGV[9]  n_loose      items that belong to no ack (written unfenced)
+ARGV[10 .. 9+4*n_acks]     groups of 4: order key, lease token, rest (ms) of its lane,
+           n_items (how many of the items that follow are this request's)
+then the items, groups of 3: class, url, payload: the n_loose loose ones first, then
+           each ack's n_items, in the order of the acks
+then the requests, groups of 5: flags, fingerprint, lane, priority key, payload
            flags: "f" check `seen`, "s" check `starts`, both, or "-" for none
 
 An ack is fenced: it only removes a lease that still carries this owner AND the
 token it was leased with. A worker presumed dead whose lease was requeued (and
-perhaps leased again, even to itself) can no longer remove it.
+perhaps leased again, even to itself) can no longer remove it. The items of an ack go
+into `items` only when the ack itself is applied, in this same step: a request
+fetched twice (its first worker presumed dead, or an ack whose reply was lost and is
+sent again) writes its items once, with the ack that wins.
 
-Returns { statuses, acked, repairs }: statuses has one character per request,
+The stream's cap: an item is shed (counted, not written) once the stream holds
+items_cap entries, or when its bytes would take the estimated size past items_bytes
+(bytes written so far, scaled by the share of entries still in the stream: a
+consumer that trims what it processed makes room). A shed item never refuses its
+ack: the crawl goes on.
+
+Returns { statuses, acked, items_written, items_shed, repairs }: statuses has one
+character per request,
 "+" enqueued, "d" duplicate (seen), "s" start request already injected,
 "c" dropped: its lane's backlog is at the cap; acked counts the acks that matched;
 repairs lists the values of crawl keys repaired (lib/numbers.lua).
@@ -65,10 +82,17 @@ local inflight, leases, stats = KEYS[5], KEYS[6], KEYS[7]
 local owned, requeues = KEYS[10], KEYS[11]
 local hosts, busy, backlog, host_next = KEYS[12], KEYS[13], KEYS[14], KEYS[15]
 local seen, dedup, bloom, record = KEYS[3], KEYS[8], KEYS[9], KEYS[16]
-local lane_limits = KEYS[17]
+local lane_limits, items = KEYS[17], KEYS[18]
 local epoch, order, owner = ARGV[1], ARGV[2], ARGV[3]
 local n_acks, concurrency, backlog_cap = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
-local first_request = 7 + 3 * n_acks
+local items_cap, items_bytes, n_loose = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
+local FIRST_ACK = 10
+local first_item = FIRST_ACK + 4 * n_acks
+local n_items = n_loose
+for i = FIRST_ACK + 3, first_item - 1, 4 do
+    n_items = n_items + tonumber(ARGV[i])
+end
+local first_request = first_item + 3 * n_items
 local refused = crawl_refusal(record, epoch)
 if refused then
     return refused -- the crawl is gone: write nothing
@@ -89,23 +113,35 @@ end
 if n_acks + n_requests > 0 then
     key_exists(hosts, "zset")
 end
+if n_items > 0 then
+    key_exists(items, "stream")
+end
 
 -- Acks: one HMGET for all entries, one write per key for all of them, and one
 -- update per lane (its slots and its rest) however many of its leases end here.
 local acked = 0
+local items_due, items_fenced = {}, 0 -- ARGV index of each item to write; refused ones
+for i = first_item, first_item + 3 * (n_loose - 1), 3 do
+    items_due[#items_due + 1] = i
+end
 if n_acks > 0 then
     local ack_keys = {}
-    for i = 7, 6 + 3 * n_acks, 3 do
+    for i = FIRST_ACK, first_item - 1, 4 do
         ack_keys[#ack_keys + 1] = ARGV[i]
     end
     local entries = hmget_in_chunks(inflight, ack_keys)
     local done_keys, done_owned = {}, {}
     local lanes_done, released, freed, rests = {}, {}, {}, {}
+    local item_at = first_item + 3 * n_loose -- the first item of the current ack
     for j, key in ipairs(ack_keys) do
-        local base = 7 + 3 * (j - 1)
+        local base = FIRST_ACK + 4 * (j - 1)
         local lane = entry_lane(entries[j], owner, ARGV[base + 1])
+        local its_items = tonumber(ARGV[base + 3])
         if lane ~= nil and not released[key] then
             released[key] = true
+            for i = item_at, item_at + 3 * (its_items - 1), 3 do
+                items_due[#items_due + 1] = i
+            end
             done_keys[#done_keys + 1] = key
             done_owned[#done_owned + 1] = owner .. "\n" .. key
             if lane then
@@ -116,7 +152,10 @@ if n_acks > 0 then
                 freed[lane] = freed[lane] - 1
                 rests[lane] = math.max(rests[lane], tonumber(ARGV[base + 2]))
             end
+        else
+            items_fenced = items_fenced + its_items
         end
+        item_at = item_at + 3 * its_items
     end
     acked = #done_keys
     if acked > 0 then
@@ -132,11 +171,13 @@ if n_acks > 0 then
 end
 
 -- Start requests and requests that skip dedup (retries, redirects: dont_filter) are
--- work the crawl already has, not new discoveries: a batch of only those goes in on a
--- full Redis too. Redis checks maxmemory only before a script's first write, and SREM
--- is no "denyoom" command (nor is the member "" ever a fingerprint). Without this a
--- worker holding such a batch and no ack would wait for room that may never come.
-if acked == 0 and n_requests > 0 then
+-- work the crawl already has, not new discoveries: a batch of only those (with items
+-- and acks, or nothing else) goes in on a full Redis too. Redis checks maxmemory only
+-- before a script's first write, and SREM is no "denyoom" command (nor is "" ever a
+-- fingerprint; pcall: a write that fails counts as one, so a key of the wrong type
+-- stops nothing here). Without this a worker holding such a batch and no ack that applied would
+-- wait for room that may never come.
+if acked == 0 then
     local kept_only = true
     for i = 0, n_requests - 1 do
         local flags = ARGV[first_request + 5 * i]
@@ -146,8 +187,41 @@ if acked == 0 and n_requests > 0 then
         end
     end
     if kept_only then
-        redis.call("SREM", starts, "")
+        redis.pcall("SREM", starts, "")
     end
+end
+
+-- Items: after the acks' writes (XADD is a "denyoom" command: see lease.lua), only
+-- those of loose entries and of acks applied above.
+local items_written, items_shed = 0, 0
+if #items_due > 0 then
+    local held = redis.call("XLEN", items)
+    local counts = redis.pcall("HMGET", stats, "items", "items_bytes") -- (any type: numbers.lua)
+    local written = type(counts) == "table" and tonumber(counts[1]) or 0
+    local bytes = type(counts) == "table" and tonumber(counts[2]) or 0
+    local size = written > 0 and bytes * held / written or 0 -- estimated bytes held
+    local added_bytes = 0
+    for _, i in ipairs(items_due) do
+        local payload = ARGV[i + 2]
+        if (items_cap > 0 and held >= items_cap)
+                or (items_bytes > 0 and size + #payload > items_bytes) then
+            items_shed = items_shed + 1
+        else
+            redis.call("XADD", items, "*", "class", ARGV[i], "url", ARGV[i + 1], "item", payload)
+            held, size = held + 1, size + #payload
+            items_written, added_bytes = items_written + 1, added_bytes + #payload
+        end
+    end
+    if items_written > 0 then
+        stats_add(stats, "items", items_written)
+        stats_add(stats, "items_bytes", added_bytes)
+    end
+    if items_shed > 0 then
+        stats_add(stats, "items_shed", items_shed)
+    end
+end
+if items_fenced > 0 then
+    stats_add(stats, "items_fenced", items_fenced)
 end
 
 local statuses = {}
@@ -206,4 +280,4 @@ end
 if acked > 0 then
     stats_add(stats, "acked", acked)
 end
-return { table.concat(statuses), acked, numbers_repairs() }
+return { table.concat(statuses), acked, items_written, items_shed, numbers_repairs() }

@@ -30,18 +30,28 @@ KEYS[12] host_next HASH   lane -> earliest next fetch (ms)    (lib/lanes.lua)
 KEYS[13] host_delay HASH  lane -> Crawl-delay (s) learned from robots.txt
 KEYS[14] record    HASH   the crawl record: writes only while it is the caller's crawl
 KEYS[15] lane_limits HASH lane -> its own most in flight (lib/lanes.lua)
+KEYS[16] control  HASH   fleet orders; field close_reason: a fleet-wide limit was hit
 
 ARGV[1]  epoch        the caller's crawl epoch ("": a tool, no check; lib/crawl.lua)
 ARGV[2]  owner        worker id
 ARGV[3]  count        most requests to lease (>= 0)
 ARGV[4]  concurrency  most requests of one lane in flight fleet-wide
+ARGV[5]  page_budget  most requests the crawl leases in all (Scrapy's
+                      CLOSESPIDER_PAGECOUNT, fleet-wide; 0: no budget)
+
+Fleet-wide limits (limits.py): with a close order in `control` nothing is leased;
+with a page budget, at most what is left of it: the crawl's `leased` counter counts
+every fetch (a requeued request fetched again counts again, as Scrapy counts each
+response). The call that finds the budget spent sets the close order
+`closespider_pagecount`, so every worker closes with Scrapy's own reason.
 
 Returns { members, token, requeued, delays, queued, inflight, malformed, wait_ms,
-repairs }: the leased queue members, their fencing token, how often each was
+close_reason, repairs }: the leased queue members, their fencing token, how often each was
 requeued before, each lane's learned Crawl-delay ("" if none; else a number as
 text), how many requests stay queued and in flight fleet-wide, how many malformed
 members went to the dead letters, in how many ms the next lane becomes due (-1:
-none scheduled), and the values of crawl keys repaired (lib/numbers.lua). The
+none scheduled), the fleet's close order ("" if none), and the values of crawl keys
+repaired (lib/numbers.lua). The
 arrays members, requeued and delays always have the same length.
 
 Every key is read, or its type checked (lib/keytypes.lua), before the writes that
@@ -60,11 +70,26 @@ local queue, inflight, leases, stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local dead, seq, owned, requeues = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local hosts, busy, backlog, host_next, host_delay = KEYS[9], KEYS[10], KEYS[11], KEYS[12], KEYS[13]
 local record = KEYS[14]
-local lane_limits = KEYS[15]
+local lane_limits, control = KEYS[15], KEYS[16]
 local epoch, owner, count, concurrency = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+local page_budget = tonumber(ARGV[5])
 local refused = crawl_refusal(record, epoch)
 if refused then
     return refused -- the crawl is gone: write nothing
+end
+local close_reason = redis.call("HGET", control, "close_reason") or ""
+if close_reason == "" and page_budget > 0 and count > 0 then
+    local counted = redis.pcall("HGET", stats, "leased") -- (any type: numbers.lua)
+    local left = page_budget - (type(counted) == "string" and tonumber(counted) or 0)
+    if left <= 0 then
+        close_reason = "closespider_pagecount"
+        redis.call("HSET", control, "close_reason", close_reason)
+    else
+        count = math.min(count, left)
+    end
+end
+if close_reason ~= "" then
+    count = 0
 end
 local now_ms = clock_ms()
 lanes_init(queue, hosts, busy, backlog, host_next, concurrency, now_ms, lane_limits)
@@ -261,4 +286,4 @@ if next_lane[2] then
     wait_ms = math.max(tonumber(next_lane[2]) - now_ms, 0)
 end
 return { members, token, requeued, delays, redis.call("ZCARD", queue),
-         redis.call("HLEN", inflight), malformed, wait_ms, numbers_repairs() }
+         redis.call("HLEN", inflight), malformed, wait_ms, close_reason, numbers_repairs() }

@@ -681,7 +681,8 @@ class TestReplies:
 
     def test_a_lease_reply_with_odd_elements_keeps_what_it_can(self) -> None:
         member = b"a.example\x00" + b"0" * 10 + b"000000000000001" + b"payload"
-        reply = [[member, b"no nul", 5], b"12", [b"x"], [b"abc"], b"q", None, 0, -1, [b"r"]]
+        reply = [[member, b"no nul", 5], b"12", [b"x"], [b"abc"], b"q", None, 0, -1, b"",
+                 [b"r"]]
 
         batch = lease_batch(reply)
 

@@ -57,6 +57,11 @@ def test_defaults() -> None:
         "host_backlog_cap": 0,
         "embedded_dir": None,
         "redis_server_bin": None,
+        "items": False,
+        "items_max_count": 0,
+        "items_max_bytes": 0,
+        "closespider_per_process": False,
+        "limits_check_seconds": 0.5,
         "dedup_set_max_fingerprints": 2_000_000,
         "bloom_backend": "auto",
         "bloom_capacity": 10_000_000,
@@ -68,6 +73,10 @@ def test_defaults() -> None:
         "download_delay": 0.0,
         "download_delay_jitter": 0.5,
         "download_slots": (),
+        "closespider_pagecount": 0,
+        "closespider_itemcount": 0,
+        "closespider_errorcount": 0,
+        "closespider_timeout": 0.0,
     }
 
 
@@ -110,6 +119,10 @@ FROM_SCRAPY_SETTINGS = {
     "download_delay": "DOWNLOAD_DELAY",
     "download_delay_jitter": "DOWNLOAD_DELAY_JITTER",  # or RANDOMIZE_DOWNLOAD_DELAY
     "download_slots": "DOWNLOAD_SLOTS",
+    "closespider_pagecount": "CLOSESPIDER_PAGECOUNT",
+    "closespider_itemcount": "CLOSESPIDER_ITEMCOUNT",
+    "closespider_errorcount": "CLOSESPIDER_ERRORCOUNT",
+    "closespider_timeout": "CLOSESPIDER_TIMEOUT",
 }
 
 

@@ -8,14 +8,15 @@ key that the script reads before its first write anyway is checked by that read.
 Includes nothing. Needs nothing: the keys are arguments.
 
 key_exists(key, type) -> whether the key exists, for a type of "hash", "zset",
-    "set" or "string" (a STRING holding "" counts as absent); a key that exists
+    "set", "string" or "stream" (a STRING holding "" counts as absent); a key that exists
     with another type fails the script, naming it.
 keys_expect(key, type, key, type ...): key_exists of each.
 
-The check is the type's O(1) length command (HLEN, ZCARD, SCARD, STRLEN): an integer
+The check is the type's O(1) length command (HLEN, ZCARD, SCARD, STRLEN, XLEN): an integer
 reply, cheaper than TYPE's status reply, and as cheap as EXISTS.
 ]]
-local keytypes_length = { hash = "HLEN", zset = "ZCARD", set = "SCARD", string = "STRLEN" }
+local keytypes_length = { hash = "HLEN", zset = "ZCARD", set = "SCARD", string = "STRLEN",
+                          stream = "XLEN" }
 
 local function key_exists(key, expected)
     local length = redis.pcall(keytypes_length[expected], key)

@@ -25,3 +25,6 @@ CONCURRENT_REQUESTS_PER_DOMAIN = 8
 # A hung test should fail on the test's timeout, not wait for Scrapy's 180 s.
 DOWNLOAD_TIMEOUT = 30
 RETRY_ENABLED = True
+# Off unless a test sets LINKS_KILL_AFTER_ITEM; after the add-on's own extensions, so
+# that the plugin hears of an item before this kills the worker.
+EXTENSIONS = {"testproject.extensions.KillAfterItem": 900}
