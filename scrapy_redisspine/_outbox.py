@@ -250,8 +250,9 @@ class Outbox:
             elif status == "c":
                 stats.inc_value("redisspine/scheduler/backlog_capped")
                 self._on_dropped(request)
-            else:
+            else:  # a start request the crawl already has: not queued by this one
                 stats.inc_value("redisspine/scheduler/start_requests_skipped")
+                self._on_dropped(request)
         sent = len(sending.acks)
         if sent:
             stats.inc_value("redisspine/scheduler/acked", result.acked)
