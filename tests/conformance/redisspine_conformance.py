@@ -5,11 +5,12 @@ directory on ``PYTHONPATH``), never by editing Scrapy's files: the point is that
 Scrapy's tests run unmodified, so what they prove about Scrapy's scheduler they prove
 about ours.
 
-The hook is ``AddonManager.load_settings``: it runs once per crawler, on Scrapy
-2.13 to 2.19, after the spider's ``custom_settings`` are merged and before the
-settings freeze, which is exactly where a project's own ``ADDONS`` line takes
-effect. A test that sets its own ``SCHEDULER`` keeps it, as a project that sets one
-beside the add-on would (the add-on warns).
+The hook is ``AddonManager.load_settings``: it runs once per crawler (in every
+release the add-on supports, 2.13 on; this run pins 2.19.0), after the spider's
+``custom_settings`` are merged and before the settings freeze, which is exactly
+where a project's own ``ADDONS`` line takes effect. A test that sets its own
+``SCHEDULER`` keeps it, as a project that sets one beside the add-on would (the
+add-on warns).
 
 Each crawler gets its own ``REDISSPINE_CRAWL_ID``: Scrapy's tests reuse spider names
 (``test``, ``simple``) in every test, and each test expects a crawl of its own, not
@@ -40,7 +41,6 @@ URL_ENV = "REDISSPINE_CONFORMANCE_REDIS_URL"
 #: File this plugin writes its counts to, for ``run.py``'s summary.
 REPORT_ENV = "REDISSPINE_CONFORMANCE_REPORT"
 SITE_DIR = Path(__file__).resolve().parent / "site"
-ADDON_PATH = "scrapy_redisspine.Addon"
 OUR_SCHEDULER = "scrapy_redisspine.scheduler.Scheduler"
 
 #: A crawl of Scrapy's tests that runs longer than this was stopped by the watchdog
@@ -109,9 +109,15 @@ class _Session:
         install(self.server.url)
 
     def close(self) -> None:
+        import redis
+
+        from scrapy_redisspine.keys import CrawlKeys
+
         client = self.server.client()
         try:
-            crawls = int(client.scard("redisspine:crawls"))
+            crawls = int(client.scard(CrawlKeys("redisspine", "any").crawls))
+        except redis.RedisError:
+            crawls = -1  # the server died: run.py says so
         finally:
             client.close()
         self.server.stop()

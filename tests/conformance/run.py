@@ -235,6 +235,8 @@ def report(
             f"({counts.get('own_scheduler', 0)} kept a scheduler their test sets); "
             f"{counts.get('crawls_in_redis', 0)} crawl(s) reached Redis, child processes included"
         )
+        if counts.get("crawls_in_redis", 0) < 0:
+            print("   the session's redis-server was gone at the end: failures may be that")
     for title, ids in (
         ("fails on stock too (not blamed on the add-on)", stock_too),
         ("UNEXPECTED FAILURE (passes on stock)", unexpected),
