@@ -220,17 +220,20 @@ class Outbox:
                 kept.append((entry, request))
             else:
                 self.shed(request)
+                self._on_dropped(request)  # enqueue_request() had said yes
         self._requests = kept
         starts = [entry.fingerprint for entry, _ in kept if entry.is_start]
         try:
             injected = iter(self._frontier.injected_starts(starts) if starts else [])
         except CALL_ERRORS:
             return  # kept: sent when Redis has room
-        self._requests = [(entry, request) for entry, request in kept
-                          if not (entry.is_start and next(injected, False))]
-        skipped = len(kept) - len(self._requests)
-        if skipped:
-            self._stats.inc_value("redisspine/scheduler/start_requests_skipped", skipped)
+        self._requests = []
+        for entry, request in kept:
+            if entry.is_start and next(injected, False):
+                self._stats.inc_value("redisspine/scheduler/start_requests_skipped")
+                self._on_dropped(request)
+            else:
+                self._requests.append((entry, request))
 
     # -- bookkeeping -----------------------------------------------------------------------
 
