@@ -273,17 +273,20 @@ class Outbox:
                 kept.append((entry, request))
             else:
                 self.shed(request)
+                self._on_dropped(request)  # enqueue_request() had said yes
         self._requests = kept
         starts = [entry.fingerprint for entry, _ in kept if entry.is_start]
         try:
             injected = iter(self._frontier.injected_starts(starts) if starts else [])
         except CALL_ERRORS:
             return  # kept: sent when Redis has room
-        self._requests = [(entry, request) for entry, request in kept
-                          if not (entry.is_start and next(injected, False))]
-        skipped = len(kept) - len(self._requests)
-        if skipped:
-            self._stats.inc_value("redisspine/scheduler/start_requests_skipped", skipped)
+        self._requests = []
+        for entry, request in kept:
+            if entry.is_start and next(injected, False):
+                self._stats.inc_value("redisspine/scheduler/start_requests_skipped")
+                self._on_dropped(request)
+            else:
+                self._requests.append((entry, request))
 
     def shed_items(self) -> None:
         """Drop the items waiting (their acks stay): counted, logged once a minute."""
@@ -324,8 +327,9 @@ class Outbox:
             elif status == "c":
                 stats.inc_value("redisspine/scheduler/backlog_capped")
                 self._on_dropped(request)
-            else:
+            else:  # a start request the crawl already has: not queued by this one
                 stats.inc_value("redisspine/scheduler/start_requests_skipped")
+                self._on_dropped(request)
         if result.items_written:
             stats.inc_value("redisspine/items/stored", result.items_written)
         if result.items_shed:

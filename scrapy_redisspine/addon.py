@@ -35,17 +35,20 @@ logger = logging.getLogger(__name__)
 
 #: ``scrapy`` commands that crawl: a process running one is a worker of the fleet.
 FLEET_COMMANDS = frozenset({"crawl", "runspider"})
+#: What ``python -m`` runs as the ``scrapy`` command (Scrapy's own tests use the second).
+_SCRAPY_MODULES = frozenset({"scrapy", "scrapy.cmdline"})
 
 
 def scrapy_command(argv: Sequence[str] | None = None) -> str | None:
     """The ``scrapy`` command this process runs (``scrapy shell ...``, ``python -m
-    scrapy fetch ...``), or None for any other program.
+    scrapy fetch ...``, ``python -m scrapy.cmdline parse ...``), or None for any
+    other program.
 
     Read from the interpreter's own command line (``sys.orig_argv``): Scrapy pops the
     command name off ``sys.argv`` before the add-on runs."""
     argv = list(getattr(sys, "orig_argv", sys.argv) if argv is None else argv)
     for i, arg in enumerate(argv):
-        if (arg == "scrapy" and i and argv[i - 1] == "-m") or (
+        if (arg in _SCRAPY_MODULES and i and argv[i - 1] == "-m") or (
             i and os.path.basename(arg) == "scrapy" and argv[i - 1] != "-m"
         ):
             return next((rest for rest in argv[i + 1:] if not rest.startswith("-")), None)

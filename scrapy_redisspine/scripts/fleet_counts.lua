@@ -8,17 +8,19 @@ KEYS[1]  record    HASH   the crawl record (see register.lua)
 KEYS[2]  queue     ZSET   queued requests
 KEYS[3]  inflight  HASH   leased requests
 KEYS[4]  starting  ZSET   worker id -> last heartbeat (ms) while producing start requests
-KEYS[5]  stats     HASH   fleet-wide counters (enqueued: ever queued; or the record's
-                          finished_ms, once it finished)
+KEYS[5]  stats     HASH   fleet-wide counters (enqueued: ever queued; leased: ever
+                          leased, which a request kept in a worker's memory is without
+                          being queued; or the record's finished_ms, once it finished)
 
 ARGV[1]  epoch     the crawl's epoch, as the worker learned it at registration
 ARGV[2]  alive_ms  a starting worker whose heartbeat is older than this is dead
 
 Returns { status, queued, inflight, starting, ever, shed }: status as lib/crawl.lua's
 crawl_status (counts are 0 unless "ok"); starting counts live workers still
-producing start requests; ever is 1 once any request was queued; shed counts the
-newly discovered requests workers dropped for lack of Redis memory (add_shed.lua):
-a crawl done with shed > 0 is not "finished" (a count that is no number reads as 1).
+producing start requests; ever is 1 once any request was queued or leased (a crawl
+whose requests were all kept in memory had work too); shed counts the newly
+discovered requests workers dropped for lack of Redis memory (add_shed.lua): a crawl
+done with shed > 0 is not "finished" (a count that is no number reads as 1).
 ]]
 -- #include clock
 -- #include crawl
@@ -36,6 +38,7 @@ return {
     redis.call("HLEN", inflight),
     redis.call("ZCOUNT", starting, clock_ms() - alive_ms, "+inf"),
     -- a crawl purged as finished (persistence off) keeps no counters, only that
-    math.max(redis.call("HEXISTS", stats, "enqueued"), redis.call("HEXISTS", record, "finished_ms")),
+    math.max(redis.call("HEXISTS", stats, "enqueued"), redis.call("HEXISTS", stats, "leased"),
+             redis.call("HEXISTS", record, "finished_ms")),
     shed,
 }

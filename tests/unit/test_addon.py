@@ -64,6 +64,8 @@ def test_without_the_addon_scrapy_defaults_stay() -> None:
     (["/usr/bin/python3", "-m", "scrapy", "shell", "http://a/", "-c", "1"], "shell"),
     (["/usr/bin/python3", "/venv/bin/scrapy", "crawl", "books", "-s", "X=1"], "crawl"),
     (["/usr/bin/python3", "-m", "scrapy", "bench", "-s", "CLOSESPIDER_TIMEOUT=2"], "bench"),
+    (["/usr/bin/python3", "-m", "scrapy.cmdline", "fetch", "-s", "A=1", "http://a/"], "fetch"),
+    (["/usr/bin/python3", "-m", "scrapy.cmdline", "crawl", "books"], "crawl"),
     (["/usr/bin/python3", "-m", "pytest", "tests"], None),
     (["/usr/bin/python3", "run.py", "scrapy"], None),
 ])

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from scrapy import Request
 
 from scrapy_redisspine.keys import CrawlKeys
-from tests.unit.conftest import drain, finish, next_request
+from tests.unit.conftest import drain, finish, next_request, pending
 
 if TYPE_CHECKING:
     import pytest
@@ -99,3 +99,18 @@ def test_kept_requests_are_drained_in_order(make_scheduler: MakeScheduler) -> No
     for request in kept:
         scheduler.enqueue_request(request)
     assert drain(scheduler) == kept
+
+
+def test_a_crawl_whose_only_requests_were_kept_finishes_when_they_are_done(
+    make_scheduler: MakeScheduler,
+) -> None:
+    # Scrapy's contracts (`scrapy check`, tests/test_contracts.py) wrap callbacks in
+    # closures: every request of such a crawl is kept, none is ever queued in Redis.
+    scheduler = make_scheduler()
+    scheduler.enqueue_request(_unstorable("http://a.example/kept"))
+    kept = next_request(scheduler)
+    assert kept is not None
+    assert pending(scheduler), "its request is in flight"
+    finish(scheduler, kept)
+    assert scheduler.outbox.try_flush()
+    assert not pending(scheduler), "it had work (a kept request), and all of it is done"

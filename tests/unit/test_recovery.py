@@ -842,6 +842,35 @@ class TestFullRedisAtClose:
             client.close()
 
 
+class TestFullRedisAfterEnqueue:
+    def test_a_shed_request_is_reported_dropped(
+        self, redis_url: str, redis_server: RedisServer, clock: task.Clock,
+    ) -> None:
+        # enqueue_request() said yes; Redis, full, refused the batch later: the shed
+        # request was not queued, and Scrapy hears so (request_dropped).
+        from scrapy import signals as scrapy_signals
+        from scrapy.utils.test import get_crawler
+
+        crawler = get_crawler(SchedSpider)
+        dropped: list[str] = []
+        crawler.signals.connect(lambda request, spider: dropped.append(request.url),
+                                signal=scrapy_signals.request_dropped, weak=False)
+        scheduler = build_scheduler(redis_url, clock, "w1", crawler=crawler)
+        scheduler.open(SchedSpider())
+        client = redis_server.client()
+        try:
+            assert scheduler.enqueue_request(Request("http://a.example/new"))
+            client.config_set("maxmemory", 1)
+            scheduler.outbox.try_flush()
+            assert scheduler.guard.memory_pressure
+            assert _stat(scheduler, "redisspine/memory/shed") == 1
+            assert dropped == ["http://a.example/new"]
+        finally:
+            client.config_set("maxmemory", 0)
+            client.close()
+            scheduler.close("shutdown")
+
+
 class TestFencedScheduler:
     def test_fenced_drops_ready_leases_and_the_stale_ack_is_refused(
         self, make_scheduler: MakeScheduler, client: redis.Redis

@@ -91,3 +91,27 @@ def test_without_the_middleware_the_meta_flag_is_used_and_said(
     assert scheduler.outbox.try_flush()
     warned = [r for r in caplog.records if "StartRequests" in r.getMessage()]
     assert len(warned) == 1
+
+
+def test_a_start_request_the_crawl_already_has_is_reported_dropped(
+    make_scheduler: MakeScheduler,
+) -> None:
+    # Scrapy's test_engine (test_crawler_dupefilter) counts request_scheduled ==
+    # request_dropped + responses: a start request not queued must say so.
+    from scrapy import signals as scrapy_signals
+    from scrapy.utils.test import get_crawler
+
+    from tests.unit.conftest import SchedSpider
+
+    crawler = get_crawler(SchedSpider)
+    dropped: list[str] = []
+    crawler.signals.connect(lambda request, spider: dropped.append(request.url),
+                            signal=scrapy_signals.request_dropped, weak=False)
+    first, second = make_scheduler("w1"), make_scheduler("w2", crawler=crawler)
+    _start(first, Request("http://example.com/a"))
+    _start(second, Request("http://example.com/a"), Request("http://example.com/b"),
+           Request("http://example.com/b"))
+    assert dropped == ["http://example.com/a", "http://example.com/b"], (
+        "injected by w1; a duplicate of its own"
+    )
+    assert len(drain(first)) + len(drain(second)) == 2
