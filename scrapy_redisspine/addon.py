@@ -55,6 +55,12 @@ def scrapy_command(argv: Sequence[str] | None = None) -> str | None:
     return None
 
 
+class ReactorRequired(RuntimeError):
+    """The crawl runs without Twisted's reactor, which the add-on's timers and engine
+    hooks run on: refused before anything starts, with one message, rather than an
+    ``ImportError`` deep in an extension (or a hang under ``AsyncCrawlerRunner``)."""
+
+
 class Addon:
     """``ADDONS = {"scrapy_redisspine.Addon": 0}``"""
 
@@ -66,6 +72,12 @@ class Addon:
                 "join the crawl in Redis (only crawl and runspider do)", command,
             )
             return
+        if not settings.getbool("TWISTED_REACTOR_ENABLED", True):
+            raise ReactorRequired(
+                "scrapy_redisspine needs Twisted's reactor: TWISTED_REACTOR_ENABLED = False "
+                "(Scrapy's reactorless mode) is not supported; remove that setting or the "
+                "add-on"
+            )
         settings.set("SCHEDULER", "scrapy_redisspine.scheduler.Scheduler", "addon")
         settings.set(
             "DUPEFILTER_CLASS", "scrapy_redisspine.dupefilter.RedisDupeFilter", "addon"

@@ -92,3 +92,15 @@ def test_a_command_that_does_not_crawl_keeps_scrapys_scheduler(
         Addon().update_settings(settings)
     assert settings["SCHEDULER"] == "scrapy.core.scheduler.Scheduler"
     assert "`scrapy fetch` runs on its own" in caplog.text
+
+
+def test_reactorless_mode_is_refused_before_anything_starts() -> None:
+    # Without the reactor the add-on's timers cannot run: one clear message at once,
+    # not an ImportError deep in an extension, nor a crawl that hangs.
+    from scrapy.crawler import Crawler
+
+    from scrapy_redisspine.addon import ReactorRequired
+
+    crawler = Crawler(AddonSpider, {"ADDONS": {Addon: 0}, "TWISTED_REACTOR_ENABLED": False})
+    with pytest.raises(ReactorRequired, match="needs Twisted's reactor"):
+        crawler._apply_settings()  # what crawl() does first (Scrapy's AddonManager)
