@@ -47,6 +47,7 @@ __all__ = [
 SERVER_ENV = "REDISSPINE_TEST_REDIS_SERVER"
 BLOOM_ENV = "REDISSPINE_TEST_REDISBLOOM"
 
+
 def chosen_server_binary() -> str:
     """The binary test servers run: ``$REDISSPINE_TEST_REDIS_SERVER``, else the machine's
     own ``redis-server`` (the matrix's first leg), else embedded mode's choice."""
