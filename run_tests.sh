@@ -41,6 +41,8 @@ MATRIX_TESTS=(
     tests/unit/test_frontier.py
     tests/unit/test_dedup.py
     tests/unit/test_recovery.py
+    tests/unit/test_sweep_containment.py
+    tests/unit/test_script_errors.py
     tests/integration/test_redis_server_fixture.py
     tests/integration/test_dedup_race.py
     tests/integration/test_dedup_e2e.py
