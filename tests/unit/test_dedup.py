@@ -2,12 +2,13 @@
 
 One contract runs over every strategy: the exact SET, the Lua bitmap Bloom filter,
 a record caught in the middle of its SET-to-Bloom switch, and RedisBloom's BF.*
-(fakeredis only: the real test server has no module). Bloom filters here are a few
+(on fakeredis and on a real server with redisbloom.so loaded). Bloom filters here are a few
 KB, because fakeredis copies a whole string on every write.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from typing import TYPE_CHECKING
 
@@ -40,8 +41,10 @@ STRATEGIES = [
     ("set", "fakeredis"), ("set", "redis"),
     ("bitmap", "fakeredis"), ("bitmap", "redis"),
     ("migrating", "fakeredis"), ("migrating", "redis"),
-    ("redisbloom", "fakeredis"),
+    ("redisbloom", "fakeredis"), ("redisbloom", "redisbloom-server"),
 ]
+# Where BF.* lives: fakeredis' imitation, and a real server with redisbloom.so loaded.
+BF_BACKENDS = ["fakeredis", "redisbloom-server"]
 
 
 def fps(count: int, salt: str = "") -> list[bytes]:
@@ -70,8 +73,9 @@ def make_client(request: pytest.FixtureRequest) -> Iterator[Callable[[], redis.R
             clients.append(fakeredis.FakeRedis(server=server))
             return clients[-1]
     else:
-        redis_server: RedisServer = request.getfixturevalue("redis_server")
-        request.getfixturevalue("redis_url")  # FLUSHALL
+        real = "bloom_server" if backend == "redisbloom-server" else "redis_server"
+        redis_server: RedisServer = request.getfixturevalue(real)
+        request.getfixturevalue("bloom_redis_url" if real == "bloom_server" else "redis_url")
 
         def make() -> redis.Redis:
             clients.append(redis_server.client())
@@ -94,6 +98,20 @@ def bitmap_params(**overrides: float) -> DedupParams:
     }
     values.update(overrides)
     return DedupParams(**values)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def filter_params(impl: str) -> Callable[..., DedupParams]:
+    """``bitmap_params`` with the test's filter (``impl``: ``bitmap`` or ``redisbloom``)."""
+    return functools.partial(bitmap_params, backend=impl)
+
+
+def filtered(record: Dedup, client: redis.Redis) -> int:
+    """Fingerprints in the filter: the record's own layer counts for the Lua bitmap;
+    RedisBloom keeps its count itself (``BF.CARD``), the record holds none for it."""
+    if record.state().impl == "redisbloom":
+        return int(client.execute_command("BF.CARD", KEYS.bloom))  # type: ignore[no-untyped-call]
+    return record.state().filter_count
 
 
 def opened(client: redis.Redis, params: DedupParams) -> Dedup:
@@ -215,20 +233,27 @@ class TestBitmapFilter:
 # -- the switch from SET to Bloom filter ----------------------------------------------
 
 
-@pytest.mark.parametrize("backend", ["fakeredis", "redis"])
+@pytest.mark.parametrize(
+    ("backend", "impl"),
+    [("fakeredis", "bitmap"), ("redis", "bitmap"),
+     ("fakeredis", "redisbloom"), ("redisbloom-server", "redisbloom")],
+)
 class TestSwitch:
-    def test_no_switch_below_the_threshold(self, backend: str, client: redis.Redis) -> None:
+    def test_no_switch_below_the_threshold(
+        self, backend: str, client: redis.Redis, filter_params: Callable[..., DedupParams]
+    ) -> None:
         seed_set(client, fps(99))
-        record = opened(client, bitmap_params(set_max_fingerprints=100))
+        record = opened(client, filter_params(set_max_fingerprints=100))
         assert record.maintain().mode == MODE_SET
         assert not client.exists(KEYS.bloom, KEYS.dedup)
 
     def test_switch_drains_the_set_and_never_forgets(
-        self, backend: str, client: redis.Redis
+        self, backend: str, client: redis.Redis,
+        filter_params: Callable[..., DedupParams],
     ) -> None:
         old = fps(500, "old")
         seed_set(client, old)
-        record = opened(client, bitmap_params(set_max_fingerprints=100, chunk_size=64))
+        record = opened(client, filter_params(set_max_fingerprints=100, chunk_size=64))
         assert record.switch_if_due() == (MODE_MIGRATING, True)
         new = fps(100, "new")
         assert record.add(new) == [True] * 100
@@ -245,11 +270,12 @@ class TestSwitch:
         assert record.add(old + new) == [False] * 600
 
     def test_concurrent_runners_move_each_fingerprint_once(
-        self, backend: str, make_client: Callable[[], redis.Redis]
+        self, backend: str, make_client: Callable[[], redis.Redis],
+        filter_params: Callable[..., DedupParams],
     ) -> None:
         first_client = make_client()
         seed_set(first_client, fps(500))
-        params = bitmap_params(set_max_fingerprints=100, chunk_size=30)
+        params = filter_params(set_max_fingerprints=100, chunk_size=30)
         runners = [opened(first_client, params), opened(make_client(), params)]
         assert [r.switch_if_due()[1] for r in runners] == [True, False]
         moved, turn = 0, 0
@@ -257,53 +283,60 @@ class TestSwitch:
             moved += runners[turn % 2].migrate_chunk()[1]
             turn += 1
         assert moved == 500
-        assert runners[1].state().filter_count == 500
+        assert filtered(runners[1], first_client) == 500
 
     def test_chunks_in_any_other_mode_change_nothing(
-        self, backend: str, client: redis.Redis
+        self, backend: str, client: redis.Redis,
+        filter_params: Callable[..., DedupParams],
     ) -> None:
         seed_set(client, fps(10))
-        record = opened(client, bitmap_params(set_max_fingerprints=100))
+        record = opened(client, filter_params(set_max_fingerprints=100))
         assert record.migrate_chunk() == (MODE_SET, 0, 10)
         assert client.scard(KEYS.seen) == 10
 
-    def test_empty_set_switches_straight_to_bloom(self, backend: str, client: redis.Redis) -> None:
-        record = opened(client, bitmap_params())
+    def test_empty_set_switches_straight_to_bloom(
+        self, backend: str, client: redis.Redis, filter_params: Callable[..., DedupParams]
+    ) -> None:
+        record = opened(client, filter_params())
         step = record.maintain()
         assert (step.mode, step.switched, step.finished) == (MODE_BLOOM, True, True)
         assert not step.more
 
     def test_maintain_moves_at_least_a_chunk_and_says_more_is_left(
-        self, backend: str, client: redis.Redis
+        self, backend: str, client: redis.Redis,
+        filter_params: Callable[..., DedupParams],
     ) -> None:
         seed_set(client, fps(300))
-        record = opened(client, bitmap_params(set_max_fingerprints=1, chunk_size=50))
+        record = opened(client, filter_params(set_max_fingerprints=1, chunk_size=50))
         step = record.maintain(budget_seconds=0)
         assert (step.mode, step.switched, step.moved, step.more) == (MODE_MIGRATING, True, 50, True)
         while record.maintain().more:
             pass
-        assert record.state().filter_count == 300
+        assert filtered(record, client) == 300
 
     def test_a_worker_that_never_switches_still_helps(
-        self, backend: str, client: redis.Redis
+        self, backend: str, client: redis.Redis,
+        filter_params: Callable[..., DedupParams],
     ) -> None:
         seed_set(client, fps(200))
-        never = opened(client, bitmap_params(set_max_fingerprints=1, backend="none"))
+        never = opened(client, filter_params(set_max_fingerprints=1, backend="none"))
         assert never.maintain().mode == MODE_SET
-        opened(client, bitmap_params(set_max_fingerprints=1)).switch_if_due()
+        opened(client, filter_params(set_max_fingerprints=1)).switch_if_due()
         step = never.maintain(budget_seconds=10)
         assert (step.mode, step.moved, step.finished) == (MODE_BLOOM, 200, True)
 
-    def test_switch_refuses_a_foreign_bloom_key(self, backend: str, client: redis.Redis) -> None:
-        record = opened(client, bitmap_params())
+    def test_switch_refuses_a_foreign_bloom_key(
+        self, backend: str, client: redis.Redis, filter_params: Callable[..., DedupParams]
+    ) -> None:
+        record = opened(client, filter_params())
         client.set(KEYS.bloom, b"someone else's")
         with pytest.raises(redis.ResponseError, match=_escaped(KEYS.bloom)):
             record.switch_if_due()
         assert client.get(KEYS.bloom) == b"someone else's"
 
 
-def test_redisbloom_switch_and_migration_on_fakeredis() -> None:
-    client = fakeredis.FakeRedis()
+@pytest.mark.parametrize("backend", BF_BACKENDS)
+def test_redisbloom_switch_and_migration(backend: str, client: redis.Redis) -> None:
     old = fps(300, "old")
     seed_set(client, old)
     record = opened(client, bitmap_params(set_max_fingerprints=100, backend="auto"))
@@ -320,8 +353,9 @@ def test_redisbloom_switch_and_migration_on_fakeredis() -> None:
 # -- backend detection ----------------------------------------------------------------
 
 
-def test_auto_picks_redisbloom_where_the_server_has_it() -> None:
-    record = opened(fakeredis.FakeRedis(), bitmap_params(backend="auto"))
+@pytest.mark.parametrize("backend", BF_BACKENDS)
+def test_auto_picks_redisbloom_where_the_server_has_it(backend: str, client: redis.Redis) -> None:
+    record = opened(client, bitmap_params(backend="auto"))
     assert record.impl == "redisbloom"
 
 
@@ -335,8 +369,8 @@ def test_redisbloom_required_but_missing_is_a_clear_error(real_redis: redis.Redi
         opened(real_redis, bitmap_params(backend="redisbloom"))
 
 
-def test_detection_sees_the_module_through_a_bitmap_key() -> None:
-    client = fakeredis.FakeRedis()
+@pytest.mark.parametrize("backend", BF_BACKENDS)
+def test_detection_sees_the_module_through_a_bitmap_key(backend: str, client: redis.Redis) -> None:
     client.set(KEYS.bloom, b"\0")
     assert bloom.has_redisbloom(client, KEYS.bloom)
 

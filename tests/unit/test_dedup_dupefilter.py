@@ -42,7 +42,7 @@ class HexFingerprinter:
         return hashlib.sha1(request.url.encode()).hexdigest().encode()
 
 
-@pytest.fixture(params=["fakeredis", "redis"])
+@pytest.fixture(params=["fakeredis", "redis", "redisbloom-server"])
 def redis_url(
     request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[str]:
@@ -58,9 +58,19 @@ def redis_url(
                 server=server)
         )
         yield "redis://fakeredis.invalid:6379/0"
+    elif request.param == "redisbloom-server":
+        yield request.getfixturevalue("bloom_redis_url")
     else:
         request.getfixturevalue("redis_server")
         yield request.getfixturevalue("redis_url")
+
+
+@pytest.fixture
+def bloom_backend(request: pytest.FixtureRequest, redis_url: str) -> str:
+    """The filter the Bloom-mode tests ask for: the real module where the server has it,
+    else the Lua bitmap (fakeredis' BF.* imitation is covered in test_dedup.py)."""
+    on_module = request.node.callspec.params.get("redis_url") == "redisbloom-server"
+    return "redisbloom" if on_module else "bitmap"
 
 
 def _inspect(url: str) -> redis.Redis:
@@ -173,10 +183,10 @@ def test_request_seen_is_shared_by_every_worker(
 
 
 def test_request_seen_in_bloom_mode(
-    make_filter: Callable[..., RedisDupeFilter], inspect: redis.Redis
+    make_filter: Callable[..., RedisDupeFilter], inspect: redis.Redis, bloom_backend: str
 ) -> None:
     dupefilter = make_filter(
-        REDISSPINE_DEDUP_SET_MAX_FINGERPRINTS=0, REDISSPINE_BLOOM_BACKEND="bitmap",
+        REDISSPINE_DEDUP_SET_MAX_FINGERPRINTS=0, REDISSPINE_BLOOM_BACKEND=bloom_backend,
         REDISSPINE_BLOOM_CAPACITY=1000,
     )
     step = dupefilter.maintain()
@@ -232,13 +242,14 @@ def test_open_names_a_corrupt_key(
 
 def test_timer_switches_and_migrates_while_open(
     make_filter: Callable[..., RedisDupeFilter], inspect: redis.Redis,
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, bloom_backend: str,
 ) -> None:
     caplog.set_level(logging.INFO, logger="scrapy_redisspine.dupefilter")
     inspect.sadd(KEYS.seen, *(hashlib.sha1(b"%d" % i).digest() for i in range(300)))
     clock = task.Clock()
     dupefilter = make_filter(
-        clock=clock, REDISSPINE_DEDUP_SET_MAX_FINGERPRINTS=100, REDISSPINE_BLOOM_BACKEND="bitmap",
+        clock=clock, REDISSPINE_DEDUP_SET_MAX_FINGERPRINTS=100,
+        REDISSPINE_BLOOM_BACKEND=bloom_backend,
         REDISSPINE_BLOOM_CAPACITY=1000, REDISSPINE_DEDUP_MIGRATION_CHUNK_SIZE=10,
         REDISSPINE_DEDUP_CHECK_SECONDS=30,
     )
@@ -253,7 +264,7 @@ def test_timer_switches_and_migrates_while_open(
     assert dupefilter.stats.get_value("redisspine/dedup/switched") == 1
     assert dupefilter.stats.get_value("redisspine/dedup/migrated") == 300
     text = caplog.text
-    assert "switching crawl 'df-test' to a bitmap Bloom filter" in text
+    assert f"switching crawl 'df-test' to a {bloom_backend} Bloom filter" in text
     assert "dedup switch done" in text
     assert [call.getTime() for call in clock.getDelayedCalls()] == [clock.seconds() + 30]
     dupefilter.close("finished")
@@ -304,10 +315,12 @@ def test_full_filter_is_reported_once(
 # -- with the scheduler -----------------------------------------------------------------
 
 
-def test_scheduler_filters_duplicates_in_bloom_mode(redis_url: str, inspect: redis.Redis) -> None:
+def test_scheduler_filters_duplicates_in_bloom_mode(
+    redis_url: str, inspect: redis.Redis, bloom_backend: str
+) -> None:
     config = load_config({
         "REDISSPINE_REDIS_URL": redis_url, "REDISSPINE_CRAWL_ID": KEYS.crawl_id,
-        "REDISSPINE_DEDUP_SET_MAX_FINGERPRINTS": 0, "REDISSPINE_BLOOM_BACKEND": "bitmap",
+        "REDISSPINE_DEDUP_SET_MAX_FINGERPRINTS": 0, "REDISSPINE_BLOOM_BACKEND": bloom_backend,
         "REDISSPINE_BLOOM_CAPACITY": 1000,
     })
     stats = MemoryStatsCollector(get_crawler(DedupSpider))
