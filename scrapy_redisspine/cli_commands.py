@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
     from scrapy import Request
 
-    from scrapy_redisspine.cli import Context
+    from scrapy_redisspine._cli_context import CommandContext
     from scrapy_redisspine.settings import SpineConfig
 
 #: Clear the screen and go home: only ever written to a terminal.
@@ -53,7 +53,7 @@ def confirm(question: str) -> bool:
     return answer.strip().lower() in ("y", "yes")
 
 
-def cmd_status(ctx: Context, args: argparse.Namespace) -> int:
+def cmd_status(ctx: CommandContext, args: argparse.Namespace) -> int:
     keys = ctx.existing(args.crawl)
     timeout_ms = ctx.config.worker_timeout_ms
     pace = lane_pace(ctx.config)
@@ -111,7 +111,7 @@ def parse_seeds(lines: Iterable[tuple[str, str]], priority: int) -> tuple[list[R
     return requests, bad
 
 
-def cmd_seed(ctx: Context, args: argparse.Namespace) -> int:
+def cmd_seed(ctx: CommandContext, args: argparse.Namespace) -> int:
     from scrapy_redisspine.push import push_requests
 
     keys = ctx.keys(args.crawl)
@@ -131,9 +131,10 @@ def cmd_seed(ctx: Context, args: argparse.Namespace) -> int:
     return EXIT_PARTIAL if bad else 0
 
 
-def order_command(name: str, on: bool, message: str) -> Callable[[Context, argparse.Namespace],
-                                                                 int]:
-    def command(ctx: Context, args: argparse.Namespace) -> int:
+def order_command(
+    name: str, on: bool, message: str
+) -> Callable[[CommandContext, argparse.Namespace], int]:
+    def command(ctx: CommandContext, args: argparse.Namespace) -> int:
         keys = ctx.existing(args.crawl)
         if name == control.PAUSED and not on:
             control.give_order(ctx.client, keys, control.DRAIN, False)
@@ -144,7 +145,7 @@ def order_command(name: str, on: bool, message: str) -> Callable[[Context, argpa
     return command
 
 
-def cmd_dead_letters(ctx: Context, args: argparse.Namespace) -> int:
+def cmd_dead_letters(ctx: CommandContext, args: argparse.Namespace) -> int:
     upkeep = ctx.frontier(ctx.existing(args.crawl)).upkeep
     if args.drop:
         dropped = upkeep.drop_dead(args.drop)
@@ -160,7 +161,7 @@ def cmd_dead_letters(ctx: Context, args: argparse.Namespace) -> int:
     return 0
 
 
-def _drop_all(ctx: Context, args: argparse.Namespace) -> int:
+def _drop_all(ctx: CommandContext, args: argparse.Namespace) -> int:
     keys = ctx.existing(args.crawl)
     upkeep = ctx.frontier(keys).upkeep
     total = int(ctx.client.hlen(keys.dead))  # type: ignore[arg-type]
@@ -181,7 +182,7 @@ def _drop_all(ctx: Context, args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_requeue_dead(ctx: Context, args: argparse.Namespace) -> int:
+def cmd_requeue_dead(ctx: CommandContext, args: argparse.Namespace) -> int:
     frontier = ctx.frontier(ctx.existing(args.crawl))
     letters = frontier.upkeep.dead_letters(args.limit)
     print_dead_letters(letters)
@@ -190,7 +191,7 @@ def cmd_requeue_dead(ctx: Context, args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_purge(ctx: Context, args: argparse.Namespace) -> int:
+def cmd_purge(ctx: CommandContext, args: argparse.Namespace) -> int:
     keys = ctx.existing(args.crawl)
     if not args.yes:
         alive = ctx.frontier(keys).upkeep.workers_alive(ctx.config.worker_timeout_ms)
@@ -204,7 +205,7 @@ def cmd_purge(ctx: Context, args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_list(ctx: Context, args: argparse.Namespace) -> int:
+def cmd_list(ctx: CommandContext, args: argparse.Namespace) -> int:
     crawls = list_crawls(ctx.client, CrawlKeys(ctx.prefix, "_").crawls)
     if not crawls:
         print(f"no crawls on {describe_url(ctx.url)} (prefix {ctx.prefix!r})")
@@ -231,7 +232,7 @@ def _served(what: str, host: str, port: int, serve: Callable[[], None]) -> int:
     return 0
 
 
-def cmd_metrics(ctx: Context, args: argparse.Namespace) -> int:
+def cmd_metrics(ctx: CommandContext, args: argparse.Namespace) -> int:
     try:
         import prometheus_client  # noqa: F401 (only: is it there?)
     except ImportError:
@@ -253,7 +254,7 @@ def cmd_metrics(ctx: Context, args: argparse.Namespace) -> int:
                    lambda: metrics.serve(collector, args.host, args.port, announce))
 
 
-def cmd_dashboard(ctx: Context, args: argparse.Namespace) -> int:
+def cmd_dashboard(ctx: CommandContext, args: argparse.Namespace) -> int:
     from scrapy_redisspine import _serving
     from scrapy_redisspine.dashboard_app import Dashboard
 

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     import redis
     from scrapy.exporters import BaseItemExporter
 
-    from scrapy_redisspine.cli import Context
+    from scrapy_redisspine._cli_context import CommandContext
     from scrapy_redisspine.keys import CrawlKeys
 
 FORMATS = {".jsonl": "jsonlines", ".jl": "jsonlines", ".json": "json", ".csv": "csv",
@@ -162,7 +162,7 @@ class Export:
         return self.client.hget(self.keys.record, "finished_ms") is not None
 
 
-def cmd_export(ctx: Context, args: argparse.Namespace) -> int:
+def cmd_export(ctx: CommandContext, args: argparse.Namespace) -> int:
     keys = ctx.existing(args.crawl)
     fmt = export_format(args.output, args.format)
     to_stdout = args.output == "-"
