@@ -98,9 +98,27 @@ def test_reactorless_mode_is_refused_before_anything_starts() -> None:
     # Without the reactor the add-on's timers cannot run: one clear message at once,
     # not an ImportError deep in an extension, nor a crawl that hangs.
     from scrapy.crawler import Crawler
+    from scrapy.utils.reactorless import (
+        install_reactor_import_hook,
+        uninstall_reactor_import_hook,
+    )
 
     from scrapy_redisspine.addon import ReactorRequired
 
     crawler = Crawler(AddonSpider, {"ADDONS": {Addon: 0}, "TWISTED_REACTOR_ENABLED": False})
-    with pytest.raises(ReactorRequired, match="needs Twisted's reactor"):
-        crawler._apply_settings()  # what crawl() does first (Scrapy's AddonManager)
+    hook = install_reactor_import_hook()  # what a reactorless crawler process does
+    try:
+        with pytest.raises(ReactorRequired, match="needs Twisted's reactor"):
+            crawler._apply_settings()  # what crawl() does first (Scrapy's AddonManager)
+    finally:
+        uninstall_reactor_import_hook(hook)
+
+
+def test_the_setting_alone_is_not_reactorless_mode() -> None:
+    # Scrapy's get_crawler sets TWISTED_REACTOR_ENABLED = False whenever no reactor is
+    # installed yet (tests, benchmarks): the add-on works there as before.
+    from scrapy.settings import Settings
+
+    settings = Settings({"TWISTED_REACTOR_ENABLED": False})
+    Addon().update_settings(settings)
+    assert settings["SCHEDULER"] == SCHEDULER
