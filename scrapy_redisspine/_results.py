@@ -76,6 +76,7 @@ class LeaseBatch:
     wait_ms: int = -1  # until the next lane is due (-1: none scheduled)
     repairs: Repairs = ()
     close_reason: str = ""  # a fleet-wide limit was reached (control's close order)
+    page_limited: int = 0  # queued requests dropped: their lane spent its page limit
 
 
 @dataclass(frozen=True)
@@ -216,13 +217,13 @@ def enqueue_result(reply: Any) -> EnqueueResult:
 
 
 def lease_batch(reply: Any) -> LeaseBatch:
-    members, token, requeued, delays, queued, inflight, malformed, wait_ms, close, repairs = (
-        fields(reply, 10)
-    )
+    (members, token, requeued, delays, queued, inflight, malformed, wait_ms, close, repairs,
+     page_limited) = fields(reply, 11)
     leases, unread = _leases(members if isinstance(members, list) else [],
                              str(number(token)), requeued, delays)
     return LeaseBatch(leases, number(queued), number(inflight), number(malformed),
-                      number(wait_ms, -1), (*repairs_of(repairs), *unread), text(close))
+                      number(wait_ms, -1), (*repairs_of(repairs), *unread), text(close),
+                      number(page_limited))
 
 
 def _leases(

@@ -34,6 +34,7 @@ key                        type    written by                      lifetime
 ``P:{C}:record``           HASH    register, mark_finished, purge  whole crawl
 ``P:{C}:starting``         ZSET    register, heartbeat             while start() runs
 ``P:{C}:lane_limits``      HASH    workers (DOWNLOAD_SLOTS)         whole crawl
+``P:{C}:lane_pages``       HASH    lease (script)                  whole crawl
 ``P:{C}:items``            STREAM  enqueue (script, with acks)     whole crawl
 ``P:crawls``               SET     register (script)               until purged
 =========================  ======  ==============================  =====================
@@ -89,6 +90,9 @@ key                        type    written by                      lifetime
 - ``lane_limits``: lane -> the most requests of that lane in flight fleet-wide, for
   lanes with a limit of their own (Scrapy's ``DOWNLOAD_SLOTS`` concurrency); others
   take ``REDISSPINE_HOST_CONCURRENCY``.
+- ``lane_pages``: lane -> requests it leased in all, written by ``lease`` only with
+  ``REDISSPINE_HOST_PAGE_LIMIT``; a lane at the limit has its queued requests
+  dropped (counted in ``stats`` as ``host_page_limited``).
 - ``items``: the crawl's items (``REDISSPINE_ITEMS``), one entry per item that
   reached the end of a worker's item pipelines, written by ``enqueue`` in the same
   step as the ack of the request whose callback produced it (only for an ack that
@@ -228,6 +232,10 @@ class CrawlKeys:
         return self._key("lane_limits")
 
     @property
+    def lane_pages(self) -> str:
+        return self._key("lane_pages")
+
+    @property
     def items(self) -> str:
         return self._key("items")
 
@@ -264,5 +272,6 @@ class CrawlKeys:
             self.record,
             self.starting,
             self.lane_limits,
+            self.lane_pages,
             self.items,
         )

@@ -167,6 +167,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("REDISSPINE_HOST_BACKLOG_CAP", 0, as_number, (int, 0),
             "Most requests queued per lane (0: no cap); past it new requests of that "
             "lane are dropped and counted, so one huge site cannot fill Redis."),
+    Setting("REDISSPINE_HOST_PAGE_LIMIT", 0, as_number, (int, 0),
+            "Most requests leased per lane over the whole crawl, fleet-wide (0: no "
+            "limit; like scrapy-cluster's `domain_max_pages`); the lane's other "
+            "requests are dropped and counted, and the crawl still ends `finished`."),
     Setting("REDISSPINE_EMBEDDED_DIR", None, as_optional_str, (),
             "Directory of the embedded redis-server (socket, AOF, log). Defaults "
             "to `.scrapy/redisspine` in the project."),
@@ -277,6 +281,7 @@ class SpineConfig:
     max_crawl_delay_seconds: float
     max_retry_after_seconds: float
     host_backlog_cap: int
+    host_page_limit: int
     embedded_dir: str | None
     redis_server_bin: str | None
     items: bool

@@ -55,6 +55,7 @@ def test_defaults() -> None:
         "max_crawl_delay_seconds": 60.0,
         "max_retry_after_seconds": 600.0,
         "host_backlog_cap": 0,
+        "host_page_limit": 0,
         "embedded_dir": None,
         "redis_server_bin": None,
         "items": False,
