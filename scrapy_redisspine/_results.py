@@ -167,6 +167,8 @@ class FleetCounts:
     starting: int
     ever: bool
     shed: int = 0
+    idle_ms: int = -1  # how long the crawl had no work (-1: it has, or not tracked)
+    close_reason: str = ""  # the fleet's close order ("idle" once idle long enough)
 
     @property
     def pending(self) -> bool:
@@ -275,6 +277,7 @@ def heartbeat(reply: Any) -> Heartbeat:
 
 def fleet_counts(reply: Any) -> FleetCounts:
     """``fleet_counts.lua``'s reply; an unreadable one reads as work left."""
-    status, queued, inflight, starting, ever, shed = fields(reply, 6)
+    status, queued, inflight, starting, ever, shed, idle_ms, close = fields(reply, 8)
     return FleetCounts(text(status) or "ok", number(queued, 1), number(inflight),
-                       number(starting), bool(number(ever, 1)), number(shed))
+                       number(starting), bool(number(ever, 1)), number(shed),
+                       number(idle_ms, -1), text(close))

@@ -195,9 +195,13 @@ class Frontier:
         """This worker's start requests are all in: it no longer holds the fleet open."""
         self.client.zrem(self.keys.starting, self.worker_id)
 
-    def fleet_counts(self, alive_ms: int) -> FleetCounts:
-        """Everything that decides whether the crawl is finished, read atomically."""
-        return read_fleet_counts(self._scripts.run("fleet_counts", [self.epoch, alive_ms]))
+    def fleet_counts(self, alive_ms: int, idle_close_ms: int = 0) -> FleetCounts:
+        """Everything that decides whether the crawl is finished, read atomically;
+        with ``idle_close_ms``, also the fleet's idle time, and its close order
+        ``idle`` once the crawl had no work that long (fleet_counts.lua)."""
+        return read_fleet_counts(
+            self._scripts.run("fleet_counts", [self.epoch, alive_ms, idle_close_ms])
+        )
 
     def mark_finished(self) -> bool:
         """Note in the crawl record that the crawl finished (if nothing is left)."""

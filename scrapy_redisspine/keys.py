@@ -81,7 +81,8 @@ key                        type    written by                      lifetime
   older than five minutes.
 - ``record``: the crawl's identity: ``epoch`` (random, written by the worker that
   created the crawl), ``spider`` (its spider's name), ``created_ms``, and
-  ``finished_ms`` once a worker closed it finished. Every worker presents the epoch
+  ``finished_ms`` once a worker closed it finished; with an idle close,
+  ``idle_since_ms`` and ``idle_mark`` (fleet_counts.lua). Every worker presents the epoch
   at each heartbeat, so a crawl whose state vanished (Redis restarted empty,
   flushed) is noticed. ``redisspine purge`` leaves only ``purged_ms`` (a tombstone),
   so running workers learn that it was a purge.

@@ -132,6 +132,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("REDISSPINE_KEEP_ALIVE", False, as_bool, (),
             "Service mode: stay open when the crawl has no work, waiting for "
             "requests added from outside."),
+    Setting("REDISSPINE_IDLE_CLOSE_SECONDS", 0.0, as_number, (float, 0),
+            "With `REDISSPINE_KEEP_ALIVE`: the fleet closes (reason `idle`) once the "
+            "crawl had nothing queued or in flight for this long, fleet-wide (Redis "
+            "time; 0: never). Without keep-alive a crawl closes `finished` anyway."),
     Setting("REDISSPINE_HEARTBEAT_SECONDS", 5.0, as_number, (float, 0.1),
             "Interval of the worker's heartbeat in Redis."),
     Setting("REDISSPINE_WORKER_TIMEOUT_SECONDS", 30.0, as_number, (float, 1),
@@ -269,6 +273,7 @@ class SpineConfig:
     local_request_cache: int
     idle_poll_seconds: float
     keep_alive: bool
+    idle_close_seconds: float
     heartbeat_seconds: float
     worker_timeout_seconds: float
     sweep_seconds: float
@@ -318,6 +323,12 @@ class SpineConfig:
     @property
     def worker_timeout_ms(self) -> int:
         return int(self.worker_timeout_seconds * 1000)
+
+    @property
+    def idle_close_ms(self) -> int:
+        """The fleet's idle close in ms: only with keep-alive (a crawl that is not
+        kept alive closes ``finished`` when it runs dry), 0: none."""
+        return int(self.idle_close_seconds * 1000) if self.keep_alive else 0
 
     @property
     def lease_ceiling_ms(self) -> int:

@@ -43,6 +43,7 @@ def test_defaults() -> None:
         "local_request_cache": 10_000,
         "idle_poll_seconds": 0.1,
         "keep_alive": False,
+        "idle_close_seconds": 0.0,
         "heartbeat_seconds": 5.0,
         "worker_timeout_seconds": 30.0,
         "sweep_seconds": 5.0,
