@@ -50,7 +50,8 @@ response). The call that finds the budget spent sets the close order
 
 Per-lane page limit: a lane leases at most lane_page_limit requests in all (counted
 in lane_pages like `leased`: a request fetched again after its worker died counts
-again). When a due lane has spent its limit, its queued requests leave the queue
+again; one put back unfetched, by release or release_orphans, gives its page
+back). When a due lane has spent its limit, its queued requests leave the queue
 here, its backlog count goes with them, and the stats HASH counts them in
 `host_page_limited`: a budget the user set, not a loss (the crawl still finishes).
 A count that is no number is dropped and repaired (lib/numbers.lua): the lane

@@ -82,16 +82,27 @@ class TestLease:
         assert worker.lease(5).page_limited == 2
         assert _counts(client, crawl_keys) == (0, 0, False, 2)
 
-    def test_a_requeued_request_fetched_again_counts_again(
+    def test_a_lease_put_back_unfetched_gives_its_page_back(
+        self, make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        worker = _limited(make_frontier, "w1", 2)
+        _queue(worker, "a", 3)
+        (lease,) = worker.lease(1).leases
+        assert worker.release([lease.handle]) == 1
+        assert client.hget(crawl_keys.lane_pages, "a") == b"0"
+        assert len(worker.lease(5).leases) == 2, "the released one again, and one more"
+        assert worker.lease(5).page_limited == 1
+        assert client.hget(crawl_keys.lane_pages, "a") == b"2"
+
+    def test_an_orphaned_lease_put_back_gives_its_page_back(
         self, make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys
     ) -> None:
         worker = _limited(make_frontier, "w1", 2)
         _queue(worker, "a", 2)
-        (lease,) = worker.lease(1).leases
-        assert worker.release([lease.handle]) == 1
-        assert len(worker.lease(5).leases) == 1, "the released one again: 2 of 2"
-        assert worker.lease(5).page_limited == 1
-        assert client.hget(crawl_keys.lane_pages, "a") == b"2"
+        worker.lease(2)  # as if the reply was lost: the worker never got them
+        assert worker.release_orphans([]) == 2
+        assert client.hget(crawl_keys.lane_pages, "a") == b"0"
+        assert len(worker.lease(5).leases) == 2
 
     def test_no_limit_writes_no_count(
         self, make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys
