@@ -58,13 +58,13 @@ A count that is no number is dropped and repaired (lib/numbers.lua): the lane
 starts again from 0.
 
 Returns { members, token, requeued, delays, queued, inflight, malformed, wait_ms,
-close_reason, repairs, page_limited }: the leased queue members, their fencing token, how often each was
-requeued before, each lane's learned Crawl-delay ("" if none; else a number as
-text), how many requests stay queued and in flight fleet-wide, how many malformed
-members went to the dead letters, in how many ms the next lane becomes due (-1:
-none scheduled), the fleet's close order ("" if none), and the values of crawl keys
-repaired (lib/numbers.lua), and how many queued requests the per-lane page limit
-dropped. The arrays members, requeued and delays always have the same length.
+close_reason, repairs, page_limited }: the leased queue members, their fencing
+token, how often each was requeued before, each lane's learned Crawl-delay ("" if
+none; else a number as text), how many requests stay queued and in flight
+fleet-wide, how many malformed members went to the dead letters, in how many ms the
+next lane becomes due (-1: none scheduled), the fleet's close order ("" if none),
+the values of crawl keys repaired (lib/numbers.lua), and how many queued requests
+the per-lane page limit dropped (lib/pagelimit.lua). The arrays members, requeued and delays always have the same length.
 
 Every key is read, or its type checked (lib/keytypes.lua), before the writes that
 lease: a key of the wrong type fails the script before a request left the queue.
@@ -78,6 +78,7 @@ malformed member dead-lettered).
 -- #include lanes
 -- #include numbers
 -- #include keytypes
+-- #include pagelimit
 local queue, inflight, leases, stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local dead, seq, owned, requeues = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local hosts, busy, backlog, host_next, host_delay = KEYS[9], KEYS[10], KEYS[11], KEYS[12], KEYS[13]
@@ -135,7 +136,9 @@ local function pick(due)
     local picked = {} -- { lane, member } in lease order
     local busy_of = hmget_in_chunks(busy, due)
     local limit_of = lanes_limit_of(due)
-    local pages_raw = lane_page_limit > 0 and hmget_in_chunks(lane_pages, due) or {}
+    if lane_page_limit > 0 then
+        pages_of = page_limit_read(lane_pages, due)
+    end
     for i, lane in ipairs(due) do
         if count <= #picked then
             break
@@ -143,13 +146,7 @@ local function pick(due)
         -- A busy count that is no count: lanes_write repairs it (this lane gets there).
         local want = math.min(limit_of[lane] - (count_of(busy_of[i]) or 0), count - #picked)
         if lane_page_limit > 0 then
-            local pages = count_of(pages_raw[i])
-            if not pages then
-                numbers_drop(lane_pages, lane, pages_raw[i])
-                pages = 0
-            end
-            pages_of[lane] = pages
-            want = math.min(want, lane_page_limit - pages)
+            want = math.min(want, lane_page_limit - pages_of[lane])
         end
         if lane_page_limit > 0 and pages_of[lane] >= lane_page_limit then
             spent[#spent + 1] = lane
@@ -256,25 +253,9 @@ local function lease_picked(picked)
     call_in_chunks("ZADD", owned, owned_pairs)
     lanes_write(lanes, lanes_before, moved, took, nil, false)
     if lane_page_limit > 0 then
-        local page_pairs = {}
-        for _, lane in ipairs(lanes) do
-            page_pairs[#page_pairs + 1] = lane
-            page_pairs[#page_pairs + 1] = pages_of[lane] + moved[lane]
-        end
-        call_in_chunks("HSET", lane_pages, page_pairs)
+        page_limit_add(lane_pages, lanes, pages_of, moved)
     end
     return recount
-end
-
--- A lane past its page limit: its queued requests leave (counted), its backlog count
--- goes with them (absent is 0), and it leaves `hosts` unless requests arrive again.
-local function drop_spent(lanes)
-    for _, lane in ipairs(lanes) do
-        local low, high = lane_range(lane)
-        page_limited = page_limited + redis.call("ZREMRANGEBYLEX", queue, low, high)
-        redis.call("HDEL", backlog, lane)
-        host_schedule(lane)
-    end
 end
 
 -- Every member has score 0 (lex ranges need it); one that does not was not written
@@ -291,7 +272,7 @@ end
 if count > 0 then
     local due = redis.call("ZRANGEBYSCORE", hosts, "-inf", now_ms, "LIMIT", 0, count)
     local recount = lease_picked(pick(due))
-    drop_spent(spent)
+    page_limited = page_limit_drop(queue, backlog, spent)
     for _, lane in ipairs(recount) do
         -- A buried member may never have been counted: count the lane again.
         redis.call("HSET", backlog, lane, redis.call("ZLEXCOUNT", queue, lane_range(lane)))

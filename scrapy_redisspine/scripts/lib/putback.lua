@@ -2,7 +2,7 @@
 putback library: return a leased request to its lane's queue as it was. No fetch
 happened, so the lane does not rest, and the lease does not count against the
 lane's page limit (REDISSPINE_HOST_PAGE_LIMIT): it is handed back to `lane_pages`.
-Includes member, lanes, entry, numbers. Needs lanes_init and entry_init called first (by the
+Includes member, lanes, entry, pagelimit. Needs lanes_init and entry_init called first (by the
 script).
 
 put_back(queue, lane_pages, owner, key, member)
@@ -13,7 +13,7 @@ put_back(queue, lane_pages, owner, key, member)
 -- #include member
 -- #include lanes
 -- #include entry
--- #include numbers
+-- #include pagelimit
 local function put_back(queue, lane_pages, owner, key, member)
     -- the lease ends first: HDEL and ZREM are no "denyoom" commands, so a put-back
     -- (which frees as much as it takes) still works on a full Redis
@@ -22,9 +22,6 @@ local function put_back(queue, lane_pages, owner, key, member)
     local lane = member_lane(member)
     if lane then
         host_released(lane, nil, true)
-        local pages = count_of(redis.call("HGET", lane_pages, lane))
-        if pages and pages > 0 then
-            redis.call("HSET", lane_pages, lane, pages - 1)
-        end
+        page_limit_give_back(lane_pages, lane)
     end
 end
