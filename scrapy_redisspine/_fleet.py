@@ -57,10 +57,13 @@ class FleetMember:
         wake: Callable[[], None],
         flush: Callable[[], bool],
         crawl_gone: Callable[[Heartbeat], None],
+        idle_close_ms: int = 0,
     ) -> None:
         """``wake()`` asks for a lease soon; ``flush()`` sends what the worker holds
         for Redis (False: it could not), before a count; ``crawl_gone(heartbeat)``
-        is told when the crawl this worker joined is not in Redis any more."""
+        is told when the crawl this worker joined is not in Redis any more.
+        ``idle_close_ms`` (REDISSPINE_IDLE_CLOSE_SECONDS, with keep-alive): an idle
+        worker counts at each heartbeat, so the fleet's idle time is measured."""
         self._frontier = frontier
         self._guard = guard
         self._book = book
@@ -73,6 +76,7 @@ class FleetMember:
         self._stats = stats
         self._clock = clock
         self._timeout_ms = worker_timeout_ms
+        self._idle_close_ms = idle_close_ms
         self._wake = wake
         self.orders = Orders()  # fleet-wide pause/drain, read once per heartbeat
         self.drain_closing = False
@@ -116,7 +120,7 @@ class FleetMember:
             return
         try:
             self._note_start_done()
-            counts = self._frontier.fleet_counts(self._timeout_ms)
+            counts = self._frontier.fleet_counts(self._timeout_ms, self._idle_close_ms)
         except CALL_ERRORS as exc:
             self._guard.failed("count", exc)
             return
@@ -128,6 +132,8 @@ class FleetMember:
         self.pending = counts.pending
         self.shed = counts.shed
         self.checked_at = self._clock.seconds()
+        if counts.close_reason:
+            self.close_ordered(counts.close_reason)
         if not counts.ever and not self._said_waiting:
             self._said_waiting = True
             logger.info(
@@ -178,6 +184,11 @@ class FleetMember:
             # Redis (or this worker) stalled: the others' heartbeats are as late.
             # Give them one timeout to beat again before sweeping anyone.
             self._guard.stalled()
+        if self._idle_close_ms and not (self._book.ready or self._book.handed_out):
+            # A keep-alive worker is never asked whether the crawl is done: count here.
+            self.refresh_counts()
+            if self.gone:
+                return
         self._follow_orders()
 
     def _follow_orders(self) -> None:

@@ -70,6 +70,7 @@ def join(config: SpineConfig, crawl_id: str, spider: str, worker_id: str) -> Joi
         backlog_cap=config.host_backlog_cap, items_cap=config.items_max_count,
         items_max_bytes=config.items_max_bytes,
         page_budget=0 if config.closespider_per_process else config.closespider_pagecount,
+        lane_page_limit=config.host_page_limit,
     )
     try:
         frontier.upkeep.check_key_types()

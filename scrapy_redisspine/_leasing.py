@@ -140,6 +140,9 @@ class Leaser:
             self.wake_when_due(batch.wait_ms)
             self._report_malformed(batch.malformed)
             self._guard.repaired("lease", batch.repairs)
+            if batch.page_limited:
+                self._stats.inc_value("redisspine/scheduler/host_page_limited",
+                                      batch.page_limited)
             if not batch.leases and not batch.malformed:
                 self._last_empty_lease = now
                 return self._lease_local()

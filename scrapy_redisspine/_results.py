@@ -76,6 +76,7 @@ class LeaseBatch:
     wait_ms: int = -1  # until the next lane is due (-1: none scheduled)
     repairs: Repairs = ()
     close_reason: str = ""  # a fleet-wide limit was reached (control's close order)
+    page_limited: int = 0  # queued requests dropped: their lane spent its page limit
 
 
 @dataclass(frozen=True)
@@ -166,6 +167,8 @@ class FleetCounts:
     starting: int
     ever: bool
     shed: int = 0
+    idle_ms: int = -1  # how long the crawl had no work (-1: it has, or not tracked)
+    close_reason: str = ""  # the fleet's close order ("idle" once idle long enough)
 
     @property
     def pending(self) -> bool:
@@ -216,13 +219,13 @@ def enqueue_result(reply: Any) -> EnqueueResult:
 
 
 def lease_batch(reply: Any) -> LeaseBatch:
-    members, token, requeued, delays, queued, inflight, malformed, wait_ms, close, repairs = (
-        fields(reply, 10)
-    )
+    (members, token, requeued, delays, queued, inflight, malformed, wait_ms, close, repairs,
+     page_limited) = fields(reply, 11)
     leases, unread = _leases(members if isinstance(members, list) else [],
                              str(number(token)), requeued, delays)
     return LeaseBatch(leases, number(queued), number(inflight), number(malformed),
-                      number(wait_ms, -1), (*repairs_of(repairs), *unread), text(close))
+                      number(wait_ms, -1), (*repairs_of(repairs), *unread), text(close),
+                      number(page_limited))
 
 
 def _leases(
@@ -274,6 +277,7 @@ def heartbeat(reply: Any) -> Heartbeat:
 
 def fleet_counts(reply: Any) -> FleetCounts:
     """``fleet_counts.lua``'s reply; an unreadable one reads as work left."""
-    status, queued, inflight, starting, ever, shed = fields(reply, 6)
+    status, queued, inflight, starting, ever, shed, idle_ms, close = fields(reply, 8)
     return FleetCounts(text(status) or "ok", number(queued, 1), number(inflight),
-                       number(starting), bool(number(ever, 1)), number(shed))
+                       number(starting), bool(number(ever, 1)), number(shed),
+                       number(idle_ms, -1), text(close))

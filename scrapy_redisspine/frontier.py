@@ -137,6 +137,7 @@ class Frontier:
         items_cap: int = 0,
         items_max_bytes: int = 0,
         page_budget: int = 0,
+        lane_page_limit: int = 0,
     ) -> None:
         if order not in ("fifo", "lifo"):
             raise ValueError(f"order must be 'fifo' or 'lifo', got {order!r}")
@@ -149,6 +150,7 @@ class Frontier:
         self.items_cap = items_cap  # the items stream's caps (0: none; enqueue.lua)
         self.items_max_bytes = items_max_bytes
         self.page_budget = page_budget  # requests the crawl leases in all (0: no budget)
+        self.lane_page_limit = lane_page_limit  # requests one lane leases in all (0: none)
         # The crawl's identity, learned at register(): every write script is refused
         # (LOST) once the crawl in Redis is not this one. "" (tools, tests): no check.
         self.epoch = ""
@@ -193,9 +195,13 @@ class Frontier:
         """This worker's start requests are all in: it no longer holds the fleet open."""
         self.client.zrem(self.keys.starting, self.worker_id)
 
-    def fleet_counts(self, alive_ms: int) -> FleetCounts:
-        """Everything that decides whether the crawl is finished, read atomically."""
-        return read_fleet_counts(self._scripts.run("fleet_counts", [self.epoch, alive_ms]))
+    def fleet_counts(self, alive_ms: int, idle_close_ms: int = 0) -> FleetCounts:
+        """Everything that decides whether the crawl is finished, read atomically;
+        with ``idle_close_ms``, also the fleet's idle time, and its close order
+        ``idle`` once the crawl had no work that long (fleet_counts.lua)."""
+        return read_fleet_counts(
+            self._scripts.run("fleet_counts", [self.epoch, alive_ms, idle_close_ms])
+        )
 
     def mark_finished(self) -> bool:
         """Note in the crawl record that the crawl finished (if nothing is left)."""
@@ -252,7 +258,7 @@ class Frontier:
 
     def _lease_call(self, count: int) -> tuple[Sequence[str], list[bytes | str | int]]:
         return self._scripts.keys("lease"), [self.epoch, self.worker_id, count, self.concurrency,
-                                             self.page_budget]
+                                             self.page_budget, self.lane_page_limit]
 
     def enqueue_and_lease(
         self, requests: Sequence[NewRequest], acks: Sequence[Ack | LeaseHandle], count: int,

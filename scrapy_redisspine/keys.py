@@ -34,6 +34,7 @@ key                        type    written by                      lifetime
 ``P:{C}:record``           HASH    register, mark_finished, purge  whole crawl
 ``P:{C}:starting``         ZSET    register, heartbeat             while start() runs
 ``P:{C}:lane_limits``      HASH    workers (DOWNLOAD_SLOTS)         whole crawl
+``P:{C}:lane_pages``       HASH    lease (script)                  whole crawl
 ``P:{C}:items``            STREAM  enqueue (script, with acks)     whole crawl
 ``P:crawls``               SET     register (script)               until purged
 =========================  ======  ==============================  =====================
@@ -80,7 +81,8 @@ key                        type    written by                      lifetime
   older than five minutes.
 - ``record``: the crawl's identity: ``epoch`` (random, written by the worker that
   created the crawl), ``spider`` (its spider's name), ``created_ms``, and
-  ``finished_ms`` once a worker closed it finished. Every worker presents the epoch
+  ``finished_ms`` once a worker closed it finished; with an idle close,
+  ``idle_since_ms`` and ``idle_mark`` (fleet_counts.lua). Every worker presents the epoch
   at each heartbeat, so a crawl whose state vanished (Redis restarted empty,
   flushed) is noticed. ``redisspine purge`` leaves only ``purged_ms`` (a tombstone),
   so running workers learn that it was a purge.
@@ -89,6 +91,9 @@ key                        type    written by                      lifetime
 - ``lane_limits``: lane -> the most requests of that lane in flight fleet-wide, for
   lanes with a limit of their own (Scrapy's ``DOWNLOAD_SLOTS`` concurrency); others
   take ``REDISSPINE_HOST_CONCURRENCY``.
+- ``lane_pages``: lane -> requests it leased in all, written by ``lease`` only with
+  ``REDISSPINE_HOST_PAGE_LIMIT``; a lane at the limit has its queued requests
+  dropped (counted in ``stats`` as ``host_page_limited``).
 - ``items``: the crawl's items (``REDISSPINE_ITEMS``), one entry per item that
   reached the end of a worker's item pipelines, written by ``enqueue`` in the same
   step as the ack of the request whose callback produced it (only for an ack that
@@ -228,6 +233,10 @@ class CrawlKeys:
         return self._key("lane_limits")
 
     @property
+    def lane_pages(self) -> str:
+        return self._key("lane_pages")
+
+    @property
     def items(self) -> str:
         return self._key("items")
 
@@ -264,5 +273,6 @@ class CrawlKeys:
             self.record,
             self.starting,
             self.lane_limits,
+            self.lane_pages,
             self.items,
         )

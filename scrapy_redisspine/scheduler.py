@@ -198,6 +198,7 @@ class Scheduler(BaseScheduler):
             stats=stats, clock=clock, heartbeat_seconds=config.heartbeat_seconds,
             worker_timeout_ms=config.worker_timeout_ms, wake=self.wake,
             flush=self.outbox.try_flush, crawl_gone=self._crawl_gone,
+            idle_close_ms=config.idle_close_ms,
         )
         self.local = LocalQueue(self.worker_id, stats)
         self.leaser = Leaser(

@@ -132,6 +132,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("REDISSPINE_KEEP_ALIVE", False, as_bool, (),
             "Service mode: stay open when the crawl has no work, waiting for "
             "requests added from outside."),
+    Setting("REDISSPINE_IDLE_CLOSE_SECONDS", 0.0, as_number, (float, 0),
+            "With `REDISSPINE_KEEP_ALIVE`: the fleet closes (reason `idle`) once the "
+            "crawl had nothing queued or in flight for this long, fleet-wide (Redis "
+            "time; 0: never). Without keep-alive a crawl closes `finished` anyway."),
     Setting("REDISSPINE_HEARTBEAT_SECONDS", 5.0, as_number, (float, 0.1),
             "Interval of the worker's heartbeat in Redis."),
     Setting("REDISSPINE_WORKER_TIMEOUT_SECONDS", 30.0, as_number, (float, 1),
@@ -167,6 +171,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("REDISSPINE_HOST_BACKLOG_CAP", 0, as_number, (int, 0),
             "Most requests queued per lane (0: no cap); past it new requests of that "
             "lane are dropped and counted, so one huge site cannot fill Redis."),
+    Setting("REDISSPINE_HOST_PAGE_LIMIT", 0, as_number, (int, 0),
+            "Most requests leased per lane over the whole crawl, fleet-wide (0: no "
+            "limit; like scrapy-cluster's `domain_max_pages`); the lane's other "
+            "requests are dropped and counted, and the crawl still ends `finished`."),
     Setting("REDISSPINE_EMBEDDED_DIR", None, as_optional_str, (),
             "Directory of the embedded redis-server (socket, AOF, log). Defaults "
             "to `.scrapy/redisspine` in the project."),
@@ -265,6 +273,7 @@ class SpineConfig:
     local_request_cache: int
     idle_poll_seconds: float
     keep_alive: bool
+    idle_close_seconds: float
     heartbeat_seconds: float
     worker_timeout_seconds: float
     sweep_seconds: float
@@ -277,6 +286,7 @@ class SpineConfig:
     max_crawl_delay_seconds: float
     max_retry_after_seconds: float
     host_backlog_cap: int
+    host_page_limit: int
     embedded_dir: str | None
     redis_server_bin: str | None
     items: bool
@@ -313,6 +323,12 @@ class SpineConfig:
     @property
     def worker_timeout_ms(self) -> int:
         return int(self.worker_timeout_seconds * 1000)
+
+    @property
+    def idle_close_ms(self) -> int:
+        """The fleet's idle close in ms: only with keep-alive (a crawl that is not
+        kept alive closes ``finished`` when it runs dry), 0: none."""
+        return int(self.idle_close_seconds * 1000) if self.keep_alive else 0
 
     @property
     def lease_ceiling_ms(self) -> int:

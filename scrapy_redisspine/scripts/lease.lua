@@ -31,6 +31,7 @@ KEYS[13] host_delay HASH  lane -> Crawl-delay (s) learned from robots.txt
 KEYS[14] record    HASH   the crawl record: writes only while it is the caller's crawl
 KEYS[15] lane_limits HASH lane -> its own most in flight (lib/lanes.lua)
 KEYS[16] control  HASH   fleet orders; field close_reason: a fleet-wide limit was hit
+KEYS[17] lane_pages HASH  lane -> requests leased (REDISSPINE_HOST_PAGE_LIMIT's count)
 
 ARGV[1]  epoch        the caller's crawl epoch ("": a tool, no check; lib/crawl.lua)
 ARGV[2]  owner        worker id
@@ -38,6 +39,8 @@ ARGV[3]  count        most requests to lease (>= 0)
 ARGV[4]  concurrency  most requests of one lane in flight fleet-wide
 ARGV[5]  page_budget  most requests the crawl leases in all (Scrapy's
                       CLOSESPIDER_PAGECOUNT, fleet-wide; 0: no budget)
+ARGV[6]  lane_page_limit  most requests one lane leases in all (REDISSPINE_HOST_PAGE_LIMIT,
+                      fleet-wide; 0: no limit, and lane_pages is not written)
 
 Fleet-wide limits (limits.py): with a close order in `control` nothing is leased;
 with a page budget, at most what is left of it: the crawl's `leased` counter counts
@@ -45,14 +48,23 @@ every fetch (a requeued request fetched again counts again, as Scrapy counts eac
 response). The call that finds the budget spent sets the close order
 `closespider_pagecount`, so every worker closes with Scrapy's own reason.
 
+Per-lane page limit: a lane leases at most lane_page_limit requests in all (counted
+in lane_pages like `leased`: a request fetched again after its worker died counts
+again; one put back unfetched, by release or release_orphans, gives its page
+back). When a due lane has spent its limit, its queued requests leave the queue
+here, its backlog count goes with them, and the stats HASH counts them in
+`host_page_limited`: a budget the user set, not a loss (the crawl still finishes).
+A count that is no number is dropped and repaired (lib/numbers.lua): the lane
+starts again from 0.
+
 Returns { members, token, requeued, delays, queued, inflight, malformed, wait_ms,
-close_reason, repairs }: the leased queue members, their fencing token, how often each was
-requeued before, each lane's learned Crawl-delay ("" if none; else a number as
-text), how many requests stay queued and in flight fleet-wide, how many malformed
-members went to the dead letters, in how many ms the next lane becomes due (-1:
-none scheduled), the fleet's close order ("" if none), and the values of crawl keys
-repaired (lib/numbers.lua). The
-arrays members, requeued and delays always have the same length.
+close_reason, repairs, page_limited }: the leased queue members, their fencing
+token, how often each was requeued before, each lane's learned Crawl-delay ("" if
+none; else a number as text), how many requests stay queued and in flight
+fleet-wide, how many malformed members went to the dead letters, in how many ms the
+next lane becomes due (-1: none scheduled), the fleet's close order ("" if none),
+the values of crawl keys repaired (lib/numbers.lua), and how many queued requests
+the per-lane page limit dropped (lib/pagelimit.lua). The arrays members, requeued and delays always have the same length.
 
 Every key is read, or its type checked (lib/keytypes.lua), before the writes that
 lease: a key of the wrong type fails the script before a request left the queue.
@@ -66,13 +78,14 @@ malformed member dead-lettered).
 -- #include lanes
 -- #include numbers
 -- #include keytypes
+-- #include pagelimit
 local queue, inflight, leases, stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local dead, seq, owned, requeues = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local hosts, busy, backlog, host_next, host_delay = KEYS[9], KEYS[10], KEYS[11], KEYS[12], KEYS[13]
 local record = KEYS[14]
-local lane_limits, control = KEYS[15], KEYS[16]
+local lane_limits, control, lane_pages = KEYS[15], KEYS[16], KEYS[17]
 local epoch, owner, count, concurrency = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
-local page_budget = tonumber(ARGV[5])
+local page_budget, lane_page_limit = tonumber(ARGV[5]), tonumber(ARGV[6])
 local refused = crawl_refusal(record, epoch)
 if refused then
     return refused -- the crawl is gone: write nothing
@@ -101,6 +114,9 @@ local any_delays = count > 0 and key_exists(host_delay, "hash")
 local malformed = 0
 local token = 0
 local dead_checked = false
+local pages_of = {} -- lane -> requests it leased before this call (with a page limit)
+local spent = {} -- due lanes whose page limit is spent: their queue is dropped
+local page_limited = 0
 
 local function bury_malformed(member)
     if not dead_checked then
@@ -120,13 +136,21 @@ local function pick(due)
     local picked = {} -- { lane, member } in lease order
     local busy_of = hmget_in_chunks(busy, due)
     local limit_of = lanes_limit_of(due)
+    if lane_page_limit > 0 then
+        pages_of = page_limit_read(lane_pages, due)
+    end
     for i, lane in ipairs(due) do
         if count <= #picked then
             break
         end
         -- A busy count that is no count: lanes_write repairs it (this lane gets there).
         local want = math.min(limit_of[lane] - (count_of(busy_of[i]) or 0), count - #picked)
-        if want <= 0 then
+        if lane_page_limit > 0 then
+            want = math.min(want, lane_page_limit - pages_of[lane])
+        end
+        if lane_page_limit > 0 and pages_of[lane] >= lane_page_limit then
+            spent[#spent + 1] = lane
+        elseif want <= 0 then
             host_schedule(lane) -- workers disagree on the concurrency: wait for a slot
         else
             local low, high = lane_range(lane)
@@ -228,6 +252,9 @@ local function lease_picked(picked)
     call_in_chunks("ZADD", leases, lease_pairs)
     call_in_chunks("ZADD", owned, owned_pairs)
     lanes_write(lanes, lanes_before, moved, took, nil, false)
+    if lane_page_limit > 0 then
+        page_limit_add(lane_pages, lanes, pages_of, moved)
+    end
     return recount
 end
 
@@ -245,6 +272,7 @@ end
 if count > 0 then
     local due = redis.call("ZRANGEBYSCORE", hosts, "-inf", now_ms, "LIMIT", 0, count)
     local recount = lease_picked(pick(due))
+    page_limited = page_limit_drop(queue, backlog, spent)
     for _, lane in ipairs(recount) do
         -- A buried member may never have been counted: count the lane again.
         redis.call("HSET", backlog, lane, redis.call("ZLEXCOUNT", queue, lane_range(lane)))
@@ -280,10 +308,14 @@ end
 if malformed > 0 then
     stats_add(stats, "dead_lettered", malformed)
 end
+if page_limited > 0 then
+    stats_add(stats, "host_page_limited", page_limited)
+end
 local wait_ms = -1
 local next_lane = redis.call("ZRANGE", hosts, 0, 0, "WITHSCORES")
 if next_lane[2] then
     wait_ms = math.max(tonumber(next_lane[2]) - now_ms, 0)
 end
 return { members, token, requeued, delays, redis.call("ZCARD", queue),
-         redis.call("HLEN", inflight), malformed, wait_ms, close_reason, numbers_repairs() }
+         redis.call("HLEN", inflight), malformed, wait_ms, close_reason, numbers_repairs(),
+         page_limited }

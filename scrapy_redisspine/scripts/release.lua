@@ -15,6 +15,7 @@ KEYS[8]  backlog   HASH   (lib/lanes.lua)
 KEYS[9]  host_next HASH   (lib/lanes.lua)
 KEYS[10] record    HASH   the crawl record: writes only while it is the caller's crawl
 KEYS[11] lane_limits HASH lane -> its own most in flight (lib/lanes.lua)
+KEYS[12] lane_pages HASH  lane -> requests leased: a put-back gives one back (lib/putback.lua)
 
 ARGV[1]  epoch        the caller's crawl epoch ("": a tool, no check; lib/crawl.lua)
 ARGV[2]  owner        worker id
@@ -35,7 +36,7 @@ Every key's type is checked before the first write.
 local queue, inflight, leases, stats, owned = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local hosts, busy, backlog, host_next = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
 local record = KEYS[10]
-local lane_limits = KEYS[11]
+local lane_limits, lane_pages = KEYS[11], KEYS[12]
 local epoch, owner, concurrency = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local refused = crawl_refusal(record, epoch)
 if refused then
@@ -44,14 +45,14 @@ end
 lanes_init(queue, hosts, busy, backlog, host_next, concurrency, clock_ms(), lane_limits)
 entry_init(inflight, leases, owned)
 keys_expect(queue, "zset", inflight, "hash", leases, "zset", owned, "zset", hosts, "zset",
-            busy, "hash", backlog, "hash", host_next, "hash")
+            busy, "hash", backlog, "hash", host_next, "hash", lane_pages, "hash")
 
 local released = 0
 for i = 4, #ARGV, 2 do
     local key, token = ARGV[i], ARGV[i + 1]
     local member = fenced_member(key, owner, token)
     if member then
-        put_back(queue, owner, key, member)
+        put_back(queue, lane_pages, owner, key, member)
         released = released + 1
     end
 end

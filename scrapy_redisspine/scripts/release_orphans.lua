@@ -17,6 +17,7 @@ KEYS[10] dead      HASH   dead letters: order key -> reason \n entry (in-flight 
                           that are not "owner \n token \n member")
 KEYS[11] record    HASH   the crawl record: writes only while it is the caller's crawl
 KEYS[12] lane_limits HASH lane -> its own most in flight (lib/lanes.lua)
+KEYS[13] lane_pages HASH  lane -> requests leased: a put-back gives one back (lib/putback.lua)
 
 ARGV[1]  epoch        the caller's crawl epoch ("": a tool, no check; lib/crawl.lua)
 ARGV[2]  owner        worker id
@@ -38,7 +39,7 @@ write.
 local owned, inflight, leases, queue, stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local hosts, busy, backlog, host_next, dead = KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
 local record = KEYS[11]
-local lane_limits = KEYS[12]
+local lane_limits, lane_pages = KEYS[12], KEYS[13]
 local epoch, owner, limit, concurrency = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local refused = crawl_refusal(record, epoch)
 if refused then
@@ -47,7 +48,8 @@ end
 lanes_init(queue, hosts, busy, backlog, host_next, concurrency, clock_ms(), lane_limits)
 entry_init(inflight, leases, owned)
 keys_expect(owned, "zset", inflight, "hash", leases, "zset", queue, "zset", hosts, "zset",
-            busy, "hash", backlog, "hash", host_next, "hash", dead, "hash")
+            busy, "hash", backlog, "hash", host_next, "hash", dead, "hash",
+            lane_pages, "hash")
 
 local known = {}
 for i = 5, #ARGV do
@@ -65,7 +67,7 @@ for _, owned_member in ipairs(held) do
             entry_owner, member = entry_parts(entry)
         end
         if entry_owner == owner then
-            put_back(queue, owner, key, member)
+            put_back(queue, lane_pages, owner, key, member)
             released = released + 1
         elseif entry and not entry_owner then
             entry_bury_malformed(dead, key, entry, owner)
