@@ -39,8 +39,8 @@ _REFUSED = {
     "REDISSPINE_CRAWL_ID",
     "SCHEDULER_SERIALIZER": "requests are stored as data (REDISSPINE_SERIALIZER: msgpack "
     "or json), never pickled",
-    "REDIS_START_URLS_KEY": "feed a running crawl with `redisspine seed` or "
-    "scrapy_redisspine.push",
+    "REDIS_START_URLS_KEY": "the feed key is REDISSPINE_FEED_KEY (by default "
+    "scrapy-redis's %(name)s:start_urls)",
 }
 #: Scrapy settings the plugin's scheduler makes moot: what it does instead.
 _REPLACED = {

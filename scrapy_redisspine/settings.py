@@ -132,6 +132,16 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("REDISSPINE_KEEP_ALIVE", False, as_bool, (),
             "Service mode: stay open when the crawl has no work, waiting for "
             "requests added from outside."),
+    Setting("REDISSPINE_FEED_KEY", "%(name)s:start_urls", as_text, (),
+            "The crawl's feed: a Redis LIST or ZSET (scrapy-redis's start URLs key) "
+            "that every worker drains in the background, each entry a URL or a JSON "
+            "request object, through the crawl's dedup. `%(name)s` is the spider's "
+            "name; `\"\"` turns the feed off. See \"Feeding a live crawl\"."),
+    Setting("REDISSPINE_FEED_BATCH_SIZE", 100, as_number, (int, 1),
+            "Most feed entries a worker takes in one round trip."),
+    Setting("REDISSPINE_FEED_SECONDS", 0.5, as_number, (float, 0.01),
+            "How often a worker looks at the feed key; while full batches come, it "
+            "takes up to ten in a row."),
     Setting("REDISSPINE_HEARTBEAT_SECONDS", 5.0, as_number, (float, 0.1),
             "Interval of the worker's heartbeat in Redis."),
     Setting("REDISSPINE_WORKER_TIMEOUT_SECONDS", 30.0, as_number, (float, 1),
@@ -265,6 +275,9 @@ class SpineConfig:
     local_request_cache: int
     idle_poll_seconds: float
     keep_alive: bool
+    feed_key: str
+    feed_batch_size: int
+    feed_seconds: float
     heartbeat_seconds: float
     worker_timeout_seconds: float
     sweep_seconds: float
