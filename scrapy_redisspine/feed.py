@@ -32,7 +32,7 @@ from scrapy_redisspine._feed_store import FeedBatch, FeedStore, FeedTypeError
 from scrapy_redisspine._guard import CALL_ERRORS
 from scrapy_redisspine.feed_entries import BadEntry, parse_entry
 from scrapy_redisspine.keys import feed_key
-from scrapy_redisspine.push import PushOptions, new_requests, push_frontier
+from scrapy_redisspine.push import EntryEncoder, PushOptions, push_frontier
 from scrapy_redisspine.request_codec import RequestEncodeError
 
 if TYPE_CHECKING:
@@ -61,6 +61,7 @@ class FeedDrain:
         self.stats = stats
         self.fingerprinter = fingerprinter
         self.options = PushOptions.from_config(config)
+        self._encoder = EntryEncoder(self.options, fingerprinter)
         self.worker: signals.WorkerView | None = None
         self.spider: Spider | None = None
         self.store: FeedStore | None = None
@@ -171,7 +172,7 @@ class FeedDrain:
         for raw in batch.entries:
             try:
                 entry = parse_entry(raw, is_callback=self._is_callback)
-                requests += new_requests([entry], self.options, self.fingerprinter)
+                requests.append(self._encoder.encode(entry))
             except (BadEntry, RequestEncodeError) as exc:
                 bad.append((f"bad feed entry: {exc}", raw))
             else:

@@ -76,8 +76,8 @@ def _from_object(
     if not isinstance(data.get("url"), str):
         raise BadEntry("a JSON entry needs a 'url' string")
     callback = _checked("callback", data, str, None)
-    if callback is not None and not callback.isidentifier():
-        raise BadEntry(f"callback {callback!r} is no method name")
+    if callback is not None and (not callback.isidentifier() or callback.startswith("_")):
+        raise BadEntry(f"callback {callback!r} is no public method name")
     if callback is not None and is_callback is not None and not is_callback(callback):
         raise BadEntry(f"callback {callback!r} is not a method of the spider")
     entry_priority = _checked("priority", data, int, priority)

@@ -71,27 +71,36 @@ class PushOptions:
         )
 
 
+class EntryEncoder:
+    """Turns entries into the frontier's form (payload, fingerprint, lane), with what
+    it needs built once: a drain encodes every entry of every batch through one."""
+
+    def __init__(
+        self, options: PushOptions, fingerprinter: RequestFingerprinterProtocol | None = None
+    ) -> None:
+        self._fingerprinter = fingerprinter or RequestFingerprinter()
+        self._tracking = (tracking_params(options.extra_tracking_params)
+                          if options.strip_tracking_params else None)
+        self._lane = make_lane_function(options.politeness_key)
+        self._codec = RequestCodec(None, get_serializer(options.serializer))
+
+    def encode(self, entry: FeedEntry) -> NewRequest:
+        """Raises ``RequestEncodeError`` for an entry whose meta cannot be serialized."""
+        request = entry.request
+        return NewRequest(
+            self._codec.encode(request, callback_name=entry.callback),
+            fingerprint_request(self._fingerprinter, request, self._tracking),
+            request.priority, dont_filter=request.dont_filter, lane=self._lane(request.url),
+        )
+
+
 def new_requests(
     entries: Iterable[FeedEntry], options: PushOptions,
     fingerprinter: RequestFingerprinterProtocol | None = None,
 ) -> list[NewRequest]:
-    """The frontier's form of each entry (payload, fingerprint, lane); raises
-    ``RequestEncodeError`` for an entry whose meta cannot be serialized."""
-    fingerprinter = fingerprinter or RequestFingerprinter()
-    tracking = (tracking_params(options.extra_tracking_params)
-                if options.strip_tracking_params else None)
-    lane = make_lane_function(options.politeness_key)
-    codec = RequestCodec(None, get_serializer(options.serializer))
-    return [
-        NewRequest(
-            codec.encode(entry.request, callback_name=entry.callback),
-            fingerprint_request(fingerprinter, entry.request, tracking),
-            entry.request.priority,
-            dont_filter=entry.request.dont_filter,
-            lane=lane(entry.request.url),
-        )
-        for entry in entries
-    ]
+    """The frontier's form of each entry (see :class:`EntryEncoder`)."""
+    encoder = EntryEncoder(options, fingerprinter)
+    return [encoder.encode(entry) for entry in entries]
 
 
 def push_frontier(

@@ -12,7 +12,7 @@ import pytest
 import redis as redis_lib
 from scrapy.utils.test import get_crawler
 
-from scrapy_redisspine import Addon
+from scrapy_redisspine import Addon, signals
 from scrapy_redisspine._feed_store import FeedStore
 from scrapy_redisspine.feed import FeedDrain
 from scrapy_redisspine.feed_entries import BadEntry, parse_entry
@@ -67,7 +67,8 @@ def test_a_json_entry_carries_every_field() -> None:
     ('{"url": "http://a.test/", "dont_filter": true}', "unknown key(s) dont_filter"),
     ('{"meta": {}}', "needs a 'url' string"),
     ('{"url": "http://a.test/", "callback": "nope"}', "not a method of the spider"),
-    ('{"url": "http://a.test/", "callback": "os.system"}', "is no method name"),
+    ('{"url": "http://a.test/", "callback": "os.system"}', "is no public method name"),
+    ('{"url": "http://a.test/", "callback": "__init__"}', "is no public method name"),
     ('{"url": "http://a.test/", "priority": "high"}', "'priority' must be an integer"),
     ('{"url": "http://a.test/", "priority": true}', "'priority' must be an integer"),
     ('{"url": "http://a.test/", "meta": [1]}', "'meta' must be a object"),
@@ -125,6 +126,22 @@ def test_the_addon_switches_it_on_and_an_empty_key_switches_it_off() -> None:
     off = get_crawler(SchedSpider, {"ADDONS": {Addon: 0}, "REDISSPINE_FEED_KEY": ""})
     with pytest.raises(NotConfigured, match="REDISSPINE_FEED_KEY"):
         FeedDrain.from_crawler(off)
+
+
+def test_in_a_crawl_the_key_is_named_by_the_crawler_spider(
+    worker: Scheduler, client: redis_lib.Redis
+) -> None:
+    crawler = get_crawler(SchedSpider, {"ADDONS": {Addon: 0},
+                                        "REDISSPINE_FEED_KEY": "{test}:%(name)s:feed"})
+    crawler.spider = SchedSpider()  # as Crawler.crawl sets it, before the engine opens
+    drain = FeedDrain.from_crawler(crawler)
+    try:
+        crawler.signals.send_catch_log(signals.worker_opened, worker=worker.view)
+        assert drain.store is not None
+        assert drain.store.feed_key == "{test}:sched:feed"
+        assert drain.running
+    finally:
+        drain.stop()
 
 
 def test_urls_and_json_entries_are_crawled_with_meta_and_callback_bad_ones_dead_lettered(
