@@ -2,7 +2,8 @@
 
 scrapy-redis users feed a crawl with ``redis-cli lpush myspider:start_urls URL``;
 this extension keeps that working (``REDISSPINE_FEED_KEY``, LIST or ZSET) without
-scrapy-redis's idle-poll delay: every ``REDISSPINE_FEED_SECONDS`` (and up to ten
+scrapy-redis's idle-poll delay: once as the worker opens, then every
+``REDISSPINE_FEED_SECONDS`` (and up to ten
 batches in a row while full ones come) each worker reads a batch of up to
 ``REDISSPINE_FEED_BATCH_SIZE`` entries, builds a request from each (a URL or a JSON
 object, ``feed_entries``; a callback must be a method of the spider), enqueues the
@@ -104,6 +105,10 @@ class FeedDrain:
         self._frontier = push_frontier(upkeep.client, upkeep.keys, self.options,
                                        worker.worker_id)
         self._frontier.epoch = upkeep.epoch
+        # Once now, while the scheduler opens: a spider fed only through its feed key
+        # (scrapy-redis's way, no start requests) finds the entries queued before its
+        # first lease, instead of finding the crawl empty and closing.
+        self.drain()
         self._timer.start()
 
     @property

@@ -203,6 +203,24 @@ def test_lpush_into_the_feed_key_of_a_running_keep_alive_crawl_gets_fetched(
     assert "'no_such_method' is not a method of the spider" in "".join(reasons.values())
 
 
+def test_a_spider_fed_only_through_its_feed_key_crawls_the_site_and_finishes(
+    fleet: Fleet, test_site: TestSite, real_redis: redis.Redis
+) -> None:
+    """A scrapy-redis style crawl: no start requests, the start URLs lpushed into the
+    feed before the workers start; two workers crawl it once and finish."""
+    feed = f"{fleet.spider}:start_urls"
+    real_redis.delete(feed)
+    real_redis.lpush(feed, *test_site.start_urls())
+    try:
+        results = fleet.run(2, fleet.crawling(**FAST, LINKS_JOIN_ONLY=True), timeout=60)
+    finally:
+        left = real_redis.llen(feed)
+        real_redis.delete(feed)
+    assert_finished(results)
+    assert left == 0
+    assert_exactly_once(test_site)
+
+
 def test_status_after_a_worker_was_killed_keeps_its_last_totals_and_says_finished(
     fleet: Fleet, site_factory: SiteFactory, redis_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:

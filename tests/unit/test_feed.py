@@ -154,8 +154,7 @@ def test_urls_and_json_entries_are_crawled_with_meta_and_callback_bad_ones_dead_
                  json.dumps({"url": "http://c.test/3", "callback": "missing"}))
     drain = _drain(worker)
     try:
-        clock_of(worker).advance(0.5)
-        assert client.exists(FEED) == 0, "the whole batch is taken"
+        assert client.exists(FEED) == 0, "the whole batch is taken as the worker opens"
         by_url = {request.url: request for request in _leased(worker)}
         assert set(by_url) == {"http://a.test/1", "http://b.test/2"}
         assert by_url["http://b.test/2"].meta["tag"] == "x"
@@ -191,8 +190,7 @@ def test_batches_in_a_row_while_full_then_the_next_tick(
     client.rpush(FEED, *[f"http://a.test/{i}" for i in range(25)])
     drain = _drain(worker, REDISSPINE_FEED_BATCH_SIZE=2)
     try:
-        clock_of(worker).advance(0.5)
-        assert client.llen(FEED) == 5, "ten batches of two in one tick"
+        assert client.llen(FEED) == 5, "ten batches of two as the worker opens"
         clock_of(worker).advance(0.5)
         assert client.llen(FEED) == 0
         assert worker.stats.get_value("redisspine/feed/enqueued") == 25
@@ -203,8 +201,8 @@ def test_batches_in_a_row_while_full_then_the_next_tick(
 def test_a_zset_feed_is_taken_highest_score_first(
     worker: Scheduler, client: redis_lib.Redis
 ) -> None:
-    client.zadd(FEED, {"http://a.test/low": 1, "http://a.test/high": 9, "http://a.test/mid": 5})
     drain = _drain(worker, REDISSPINE_FEED_BATCH_SIZE=2)
+    client.zadd(FEED, {"http://a.test/low": 1, "http://a.test/high": 9, "http://a.test/mid": 5})
     try:
         assert drain.take_batch() == 2
         assert client.zrange(FEED, 0, -1) == [b"http://a.test/low"]
@@ -234,9 +232,9 @@ def test_a_worker_dying_between_enqueue_and_removal_loses_nothing_and_fetches_on
 ) -> None:
     """The removal fails as if the worker died right after its enqueue: the batch
     stays in the feed, and the next read enqueues it again into the dedup."""
+    drain = _drain(worker)
     client.rpush(FEED, "http://a.test/1", '{"url": "http://a.test/2", "meta": {"m": 1}}',
                  "bad")
-    drain = _drain(worker)
     real_done = FeedStore.done
 
     def dies(*_: Any, **__: Any) -> Any:
@@ -263,8 +261,8 @@ def test_two_workers_reading_one_batch_take_each_entry_once(
     make_scheduler: MakeScheduler, client: redis_lib.Redis
 ) -> None:
     first, second = make_scheduler("w1"), make_scheduler("w2")
-    client.rpush(FEED, "http://a.test/1", "http://a.test/2", "bad")
     one, two = _drain(first), _drain(second)
+    client.rpush(FEED, "http://a.test/1", "http://a.test/2", "bad")
     try:
         assert one.store is not None
         assert two.store is not None
@@ -284,8 +282,8 @@ def test_two_workers_reading_one_batch_take_each_entry_once(
 def test_a_gone_crawl_takes_nothing_from_the_feed(
     worker: Scheduler, client: redis_lib.Redis
 ) -> None:
-    client.rpush(FEED, "http://a.test/1")
     drain = _drain(worker)
+    client.rpush(FEED, "http://a.test/1")
     try:
         client.delete(KEYS.record)  # the crawl's state vanished
         assert drain.store is not None
