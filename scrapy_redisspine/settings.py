@@ -20,6 +20,7 @@ from scrapy_redisspine._settings_checks import (
     as_choice,
     as_delays,
     as_fraction,
+    as_key_template,
     as_names,
     as_number,
     as_optional_str,
@@ -132,7 +133,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("REDISSPINE_KEEP_ALIVE", False, as_bool, (),
             "Service mode: stay open when the crawl has no work, waiting for "
             "requests added from outside."),
-    Setting("REDISSPINE_FEED_KEY", "%(name)s:start_urls", as_text, (),
+    Setting("REDISSPINE_FEED_KEY", "%(name)s:start_urls", as_key_template, (),
             "The crawl's feed: a Redis LIST or ZSET (scrapy-redis's start URLs key) "
             "that every worker drains in the background, each entry a URL or a JSON "
             "request object, through the crawl's dedup. `%(name)s` is the spider's "

@@ -85,6 +85,15 @@ def test_a_tool_without_the_spider_checks_only_the_callback_form() -> None:
     assert parse_entry('{"url": "http://a.test/", "callback": "anything"}').callback == "anything"
 
 
+def test_a_bad_feed_key_template_stops_the_crawl_at_its_start() -> None:
+    from scrapy_redisspine._settings_checks import ConfigError
+    from scrapy_redisspine.settings import load_config
+
+    with pytest.raises(ConfigError, match="REDISSPINE_FEED_KEY '%\\(nme\\)s:x' is no key"):
+        load_config({"REDISSPINE_FEED_KEY": "%(nme)s:x"})
+    assert load_config({"REDISSPINE_FEED_KEY": "{c}:%(name)s"}).feed_key == "{c}:%(name)s"
+
+
 def test_the_feed_key_template() -> None:
     assert feed_key("%(name)s:start_urls", "books") == "books:start_urls"
     assert feed_key("{books}:feed", "books") == "{books}:feed"
