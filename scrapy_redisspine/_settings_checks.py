@@ -64,6 +64,18 @@ def as_text(name: str, value: Any) -> str:
     return str(value)
 
 
+def as_key_template(name: str, value: Any) -> str:
+    """A key name with ``%(name)s`` for the spider's name (scrapy-redis's form), checked
+    here so that a typo (``%(nme)s``, a lone ``%``) stops the crawl at its start."""
+    text = str(value)
+    try:
+        text % {"name": "spider"}
+    except (KeyError, ValueError, TypeError) as exc:
+        raise ConfigError(f"{name} {text!r} is no key template ({type(exc).__name__}: "
+                          f"{exc}); use %(name)s for the spider's name") from None
+    return text
+
+
 def as_optional_str(name: str, value: Any) -> str | None:
     if value is None or value == "":
         return None

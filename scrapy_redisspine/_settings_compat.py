@@ -27,6 +27,11 @@ _SAME_AS = {
     "SCHEDULER_PERSIST": "REDISSPINE_PERSIST",
     "SCHEDULER_FLUSH_ON_START": "REDISSPINE_FLUSH_ON_START",
 }
+#: scrapy-redis setting -> ours, the value passed on as it is (our check reads it).
+_CARRIED = {
+    "REDIS_START_URLS_KEY": "REDISSPINE_FEED_KEY",
+    "REDIS_START_URLS_BATCH_SIZE": "REDISSPINE_FEED_BATCH_SIZE",
+}
 #: scrapy-redis settings with no equivalent here: why, and what to use instead.
 _REFUSED = {
     "SCHEDULER_IDLE_BEFORE_CLOSE": "workers close when the whole fleet has nothing "
@@ -39,8 +44,6 @@ _REFUSED = {
     "REDISSPINE_CRAWL_ID",
     "SCHEDULER_SERIALIZER": "requests are stored as data (REDISSPINE_SERIALIZER: msgpack "
     "or json), never pickled",
-    "REDIS_START_URLS_KEY": "feed a running crawl with `redisspine seed` or "
-    "scrapy_redisspine.push",
 }
 #: Scrapy settings the plugin's scheduler makes moot: what it does instead.
 _REPLACED = {
@@ -85,6 +88,10 @@ def foreign_values(settings: Mapping[str, Any]) -> dict[str, Any]:
         for theirs, ours in _SAME_AS.items()
         if settings.get(theirs) is not None and settings.get(ours) is None
     }
+    values.update({
+        ours: settings.get(theirs) for theirs, ours in _CARRIED.items()
+        if settings.get(theirs) is not None and settings.get(ours) is None
+    })
     if (settings.get("REDISSPINE_REDIS_URL") is None and settings.get("REDIS_URL") is None
             and _has_host_settings(settings)):
         values["REDISSPINE_REDIS_URL"] = _url_from_host_settings(settings)
@@ -124,7 +131,7 @@ def notices(settings: Mapping[str, Any], known: Iterable[str]) -> list[tuple[boo
     """(is a warning, one line) for every setting from elsewhere that was carried
     over, has no effect, or is misspelt."""
     lines: list[tuple[bool, str]] = []
-    for theirs, ours in _SAME_AS.items():
+    for theirs, ours in (*_SAME_AS.items(), *_CARRIED.items()):
         if settings.get(theirs) is not None:
             lines.append((False, f"{theirs} (scrapy-redis) is read as {ours}"
                           + ("" if settings.get(ours) is None else f"; {ours} is set and wins")))

@@ -112,6 +112,10 @@ class Addon:
 
         # Off unless a CLOSESPIDER_* item, error or time limit counts fleet-wide.
         settings.setdefault_in_component_priority_dict("EXTENSIONS", FleetLimits, 530)
+        from scrapy_redisspine.feed import FeedDrain
+
+        # Off when REDISSPINE_FEED_KEY is "" (NotConfigured).
+        settings.setdefault_in_component_priority_dict("EXTENSIONS", FeedDrain, 540)
         # After RetryMiddleware (550) on the way in: sees 429/503 before it retries.
         settings.setdefault_in_component_priority_dict("DOWNLOADER_MIDDLEWARES", Politeness, 560)
         from scrapy_redisspine.startmw import StartRequests

@@ -1,7 +1,7 @@
 """``redisspine``: operate a running fleet from the command line.
 
     redisspine status CRAWL [--json] [--watch SECONDS] [--top N]
-    redisspine seed CRAWL URL... | --file urls.txt ('-': stdin)
+    redisspine seed CRAWL URL|JSON... | --file urls.txt ('-': stdin)
     redisspine pause|resume|drain CRAWL
     redisspine dead-letters CRAWL [--drop ID... | --all [--yes]]
     redisspine requeue-dead CRAWL
@@ -231,8 +231,10 @@ def _command_options(name: str, sub: argparse.ArgumentParser) -> None:
                          help="refresh every SECONDS (the screen is cleared on a terminal only)")
         sub.add_argument("--top", type=int_value, default=10, help="hosts to show")
     elif name == "seed":
-        sub.add_argument("urls", nargs="*", metavar="URL")
-        sub.add_argument("--file", help="one URL per line ('-' for stdin)")
+        sub.add_argument("urls", nargs="*", metavar="ENTRY",
+                         help="a URL, or a JSON object {url, method, meta, callback, "
+                              "priority, headers, body, cb_kwargs}")
+        sub.add_argument("--file", help="one entry per line ('-' for stdin)")
         sub.add_argument("--callback", help="spider method name (default: parse)")
         sub.add_argument("--priority", type=int_value, default=0)
     elif name in ("dead-letters", "requeue-dead"):

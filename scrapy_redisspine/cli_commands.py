@@ -20,9 +20,8 @@ if TYPE_CHECKING:
     import argparse
     from collections.abc import Callable, Iterable
 
-    from scrapy import Request
-
     from scrapy_redisspine._cli_context import CommandContext
+    from scrapy_redisspine.feed_entries import FeedEntry
     from scrapy_redisspine.settings import SpineConfig
 
 #: Clear the screen and go home: only ever written to a terminal.
@@ -87,46 +86,37 @@ def _read_lines(args: argparse.Namespace) -> Iterable[tuple[str, str]]:
                     yield f"line {number}", text
 
 
-def parse_seeds(lines: Iterable[tuple[str, str]], priority: int) -> tuple[list[Request], int]:
-    """Requests for the well-formed URLs; each malformed one is reported on stderr."""
-    from urllib.parse import urlsplit
+def parse_seeds(
+    lines: Iterable[tuple[str, str]], priority: int, callback: str | None = None
+) -> tuple[list[FeedEntry], int]:
+    """Entries for the well-formed lines (a URL or a JSON object, ``feed_entries``);
+    each bad one is reported on stderr. ``callback`` is the default of an entry that
+    names none."""
+    from scrapy_redisspine.feed_entries import BadEntry, FeedEntry, parse_entry
 
-    from scrapy import Request
-
-    requests, bad = [], 0
-    for where, url in lines:
-        parts = urlsplit(url)
-        problem = None
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            problem = "not an absolute http(s) URL"
-        else:
-            try:
-                requests.append(Request(url, priority=priority))
-            except ValueError as exc:
-                problem = str(exc)
-        if problem:
-            print(f"redisspine: {where}: skipping malformed {url!r}: {problem}",
+    entries, bad = [], 0
+    for where, text in lines:
+        try:
+            entry = parse_entry(text, priority)
+        except BadEntry as exc:
+            print(f"redisspine: {where}: skipping malformed {text[:200]!r}: {exc}",
                   file=sys.stderr)
             bad += 1
-    return requests, bad
+            continue
+        entries.append(FeedEntry(entry.request, entry.callback or callback))
+    return entries, bad
 
 
 def cmd_seed(ctx: CommandContext, args: argparse.Namespace) -> int:
-    from scrapy_redisspine.push import push_requests
+    from scrapy_redisspine.push import PushOptions, push_entries
 
     keys = ctx.keys(args.crawl)
     if not args.urls and not args.file:
         raise CliError("nothing to seed: give URLs or --file")
-    requests, bad = parse_seeds(_read_lines(args), args.priority)
-    config = ctx.config
-    result = push_requests(
-        ctx.client, args.crawl, requests, callback=args.callback, prefix=ctx.prefix,
-        serializer=config.serializer, order=config.queue_order,
-        strip_tracking_params=config.dedup_strip_tracking_params,
-        politeness_key=config.politeness_key,
-    )
+    entries, bad = parse_seeds(_read_lines(args), args.priority, args.callback)
+    result = push_entries(ctx.client, keys, entries, PushOptions.from_config(ctx.config))
     ctx.client.sadd(keys.crawls, keys.crawl_id)
-    print(f"{result.enqueued} new, {len(requests) - result.enqueued} already seen, "
+    print(f"{result.enqueued} new, {len(entries) - result.enqueued} already seen, "
           f"{bad} malformed")
     return EXIT_PARTIAL if bad else 0
 

@@ -100,7 +100,12 @@ key                        type    written by                      lifetime
   passes the fencing check); fields ``class`` (dotted path, ``dict`` for a plain
   dict), ``url`` (of that request's response) and ``item`` (the serialized item).
   Read by ``redisspine export`` and by the user's own consumers (XREADGROUP).
-- ``P:crawls`` is the one key outside a crawl's hash tag: the set of crawl ids on this
+- The feed key (``REDISSPINE_FEED_KEY``, by default scrapy-redis's
+  ``<spider>:start_urls``): a LIST or ZSET the user writes and every worker drains
+  (``feed_done`` removes what a worker enqueued). Named by the user, so it carries
+  no prefix and, unless the name includes ``{crawl id}``, not the crawl's hash tag
+  (:func:`feed_key`).
+- ``P:crawls`` is the other key outside a crawl's hash tag: the set of crawl ids on this
   Redis, so tools can list crawls without ``KEYS``. Only ``register`` writes it, as a
   separate command (never inside a multi-key script).
 """
@@ -276,3 +281,20 @@ class CrawlKeys:
             self.lane_pages,
             self.items,
         )
+
+
+def feed_key(template: str, spider_name: str) -> str:
+    """The feed key of a spider's crawl (``REDISSPINE_FEED_KEY``, ``%(name)s`` the
+    spider's name, as scrapy-redis's ``REDIS_START_URLS_KEY``); "" when it is off.
+
+    A ``ValueError`` names a template that is not one (``%(nme)s``, a lone ``%``).
+    """
+    if not template:
+        return ""
+    try:
+        return template % {"name": spider_name}
+    except (KeyError, ValueError, TypeError) as exc:
+        raise ValueError(
+            f"REDISSPINE_FEED_KEY {template!r} is no key template ({type(exc).__name__}: "
+            f"{exc}); use %(name)s for the spider's name"
+        ) from None

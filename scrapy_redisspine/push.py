@@ -2,11 +2,18 @@
 
 This is the supported way to feed a crawl in service mode (``REDISSPINE_KEEP_ALIVE``)
 or to add start URLs to a crawl that is already running. Requests go through the
-same enqueue script as the workers' own, so they are deduplicated fleet-wide.
+same enqueue script as the workers' own, so they are deduplicated fleet-wide, with
+the crawl's own host concurrency, backlog cap and tracking-parameter settings.
 
+    python -m scrapy_redisspine.push --crawl myspider https://example.com/a
     python -m scrapy_redisspine.push --redis-url redis://host:6379/0 --crawl myspider \\
-        https://example.com/a https://example.com/b
-    python -m scrapy_redisspine.push --redis-url ... --crawl myspider --file urls.txt
+        --file urls.txt
+
+Each argument or line is a URL or a JSON object (``{"url": ..., "meta": ...,
+"callback": ...}``, see ``feed_entries``). It is ``redisspine seed`` under another
+name: both find Redis the same way (``--redis-url``, the environment, the project)
+and share one implementation (:func:`push_entries`, also what the workers' feed
+drain uses).
 
 Fingerprints use Scrapy's default request fingerprinter; a crawl with a custom
 ``REQUEST_FINGERPRINTER_CLASS`` should push from Python with its own fingerprinter.
@@ -14,15 +21,14 @@ Fingerprints use Scrapy's default request fingerprinter; a crawl with a custom
 
 from __future__ import annotations
 
-import argparse
 import sys
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from scrapy import Request
 from scrapy.utils.request import RequestFingerprinter
 
-from scrapy_redisspine.connection import client_from_url
 from scrapy_redisspine.dupefilter import fingerprint_request
+from scrapy_redisspine.feed_entries import FeedEntry
 from scrapy_redisspine.frontier import EnqueueResult, Frontier, NewRequest
 from scrapy_redisspine.keys import CrawlKeys
 from scrapy_redisspine.politeness import make_lane_function
@@ -32,10 +38,86 @@ from scrapy_redisspine.tracking import tracking_params
 from scrapy_redisspine.worker import new_worker_id
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Iterable, Sequence
 
     import redis
+    from scrapy import Request
     from scrapy.utils.request import RequestFingerprinterProtocol
+
+    from scrapy_redisspine.settings import SpineConfig
+
+
+@dataclass(frozen=True)
+class PushOptions:
+    """The crawl's settings a push must share with its workers, or it would
+    fingerprint, lane or cap requests differently from them."""
+
+    serializer: str = "msgpack"
+    order: str = "fifo"
+    strip_tracking_params: bool = False
+    extra_tracking_params: tuple[str, ...] = ()
+    politeness_key: str = "host"
+    host_concurrency: int = 1
+    backlog_cap: int = 0
+
+    @classmethod
+    def from_config(cls, config: SpineConfig) -> PushOptions:
+        return cls(
+            serializer=config.serializer, order=config.queue_order,
+            strip_tracking_params=config.dedup_strip_tracking_params,
+            extra_tracking_params=config.dedup_extra_tracking_params,
+            politeness_key=config.politeness_key, host_concurrency=config.host_concurrency,
+            backlog_cap=config.host_backlog_cap,
+        )
+
+
+class EntryEncoder:
+    """Turns entries into the frontier's form (payload, fingerprint, lane), with what
+    it needs built once: a drain encodes every entry of every batch through one."""
+
+    def __init__(
+        self, options: PushOptions, fingerprinter: RequestFingerprinterProtocol | None = None
+    ) -> None:
+        self._fingerprinter = fingerprinter or RequestFingerprinter()
+        self._tracking = (tracking_params(options.extra_tracking_params)
+                          if options.strip_tracking_params else None)
+        self._lane = make_lane_function(options.politeness_key)
+        self._codec = RequestCodec(None, get_serializer(options.serializer))
+
+    def encode(self, entry: FeedEntry) -> NewRequest:
+        """Raises ``RequestEncodeError`` for an entry whose meta cannot be serialized."""
+        request = entry.request
+        return NewRequest(
+            self._codec.encode(request, callback_name=entry.callback),
+            fingerprint_request(self._fingerprinter, request, self._tracking),
+            request.priority, dont_filter=request.dont_filter, lane=self._lane(request.url),
+        )
+
+
+def new_requests(
+    entries: Iterable[FeedEntry], options: PushOptions,
+    fingerprinter: RequestFingerprinterProtocol | None = None,
+) -> list[NewRequest]:
+    """The frontier's form of each entry (see :class:`EntryEncoder`)."""
+    encoder = EntryEncoder(options, fingerprinter)
+    return [encoder.encode(entry) for entry in entries]
+
+
+def push_frontier(
+    client: redis.Redis, keys: CrawlKeys, options: PushOptions, worker_id: str = ""
+) -> Frontier:
+    """A frontier handle that enqueues as the crawl's workers do."""
+    return Frontier(client, keys, worker_id or f"push:{new_worker_id()}", options.order,
+                    concurrency=options.host_concurrency, backlog_cap=options.backlog_cap)
+
+
+def push_entries(
+    client: redis.Redis, keys: CrawlKeys, entries: Sequence[FeedEntry],
+    options: PushOptions, fingerprinter: RequestFingerprinterProtocol | None = None,
+) -> EnqueueResult:
+    """Enqueue entries through the crawl's dedup, in one round trip."""
+    frontier = push_frontier(client, keys, options)
+    return frontier.push(new_requests(entries, options, fingerprinter))
 
 
 def push_requests(
@@ -45,71 +127,39 @@ def push_requests(
     *,
     callback: str | None = None,
     prefix: str = "redisspine",
-    serializer: str = "msgpack",
-    order: str = "fifo",
+    options: PushOptions | None = None,
     fingerprinter: RequestFingerprinterProtocol | None = None,
-    strip_tracking_params: bool = False,
-    politeness_key: str = "host",
 ) -> EnqueueResult:
-    """Enqueue requests (callbacks by name: ``callback`` or None for ``parse``).
-
-    ``strip_tracking_params`` and ``politeness_key`` must match the crawl's
-    ``REDISSPINE_DEDUP_STRIP_TRACKING_PARAMS`` and ``REDISSPINE_POLITENESS_KEY``.
-    """
-    fingerprinter = fingerprinter or RequestFingerprinter()
-    tracking = tracking_params() if strip_tracking_params else None
-    lane = make_lane_function(politeness_key)
-    codec = RequestCodec(None, get_serializer(serializer))
-    entries = [
-        NewRequest(
-            codec.encode(request, callback_name=callback),
-            fingerprint_request(fingerprinter, request, tracking),
-            request.priority,
-            dont_filter=request.dont_filter,
-            lane=lane(request.url),
-        )
-        for request in requests
-    ]
-    frontier = Frontier(client, CrawlKeys(prefix, crawl_id), f"push:{new_worker_id()}", order)
-    return frontier.push(entries)
+    """Enqueue requests from Python (callbacks by name: ``callback`` or None for
+    ``parse``); ``options`` must match the crawl's settings."""
+    entries = [FeedEntry(request, callback) for request in requests]
+    return push_entries(client, CrawlKeys(prefix, crawl_id), entries,
+                        options or PushOptions(), fingerprinter)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m scrapy_redisspine.push",
-                                     description=(__doc__ or "").replace("``", ""),
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--redis-url", required=True)
-    parser.add_argument("--crawl", required=True, help="crawl id (default crawl id: spider name)")
-    parser.add_argument("--prefix", default="redisspine")
-    parser.add_argument("--callback", default=None, help="spider method name (default: parse)")
-    parser.add_argument("--priority", type=int, default=0)
-    parser.add_argument("--serializer", default="msgpack", choices=("msgpack", "json"))
-    parser.add_argument("--strip-tracking-params", action="store_true",
-                        help="as the crawl's REDISSPINE_DEDUP_STRIP_TRACKING_PARAMS")
-    parser.add_argument("--politeness-key", default="host", choices=("host", "domain"),
-                        help="as the crawl's REDISSPINE_POLITENESS_KEY")
-    parser.add_argument("--file", help="file with one URL per line ('-' for stdin)")
-    parser.add_argument("urls", nargs="*")
-    args = parser.parse_args(argv)
-    urls = list(args.urls)
-    if args.file:
-        lines = sys.stdin if args.file == "-" else open(args.file, encoding="utf-8")  # noqa: SIM115
-        with lines:
-            urls += [line.strip() for line in lines if line.strip()]
-    requests, bad = [], 0
-    for number, url in enumerate(urls, 1):
-        try:
-            requests.append(Request(url, priority=args.priority))
-        except ValueError as exc:
-            print(f"skipping malformed URL #{number} {url!r}: {exc}", file=sys.stderr)
-            bad += 1
-    result = push_requests(
-        client_from_url(args.redis_url), args.crawl, requests,
-        callback=args.callback, prefix=args.prefix, serializer=args.serializer,
-        strip_tracking_params=args.strip_tracking_params, politeness_key=args.politeness_key,
-    )
-    print(f"{result.enqueued} new, {len(requests) - result.enqueued} already seen, {bad} malformed")
-    return 1 if bad else 0
+    """``redisspine seed``, spelled the old way (``--crawl CRAWL``)."""
+    from scrapy_redisspine import cli
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    globals_: list[str] = []
+    crawl: list[str] = []
+    rest: list[str] = []
+    options = iter(argv)
+    for arg in options:
+        if arg in ("--redis-url", "--prefix"):
+            globals_ += [arg, next(options, "")]
+        elif arg == "--crawl":
+            crawl = [next(options, "")]
+        elif arg in ("-h", "--help"):
+            print((__doc__ or "").replace("``", ""))
+            return 0
+        else:
+            rest.append(arg)
+    if not crawl:
+        print("python -m scrapy_redisspine.push: --crawl CRAWL is required", file=sys.stderr)
+        return 2
+    return cli.main([*globals_, "seed", *crawl, *rest])
 
 
 if __name__ == "__main__":

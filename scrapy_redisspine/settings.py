@@ -20,6 +20,7 @@ from scrapy_redisspine._settings_checks import (
     as_choice,
     as_delays,
     as_fraction,
+    as_key_template,
     as_names,
     as_number,
     as_optional_str,
@@ -136,6 +137,16 @@ SETTINGS: tuple[Setting, ...] = (
             "With `REDISSPINE_KEEP_ALIVE`: the fleet closes (reason `idle`) once the "
             "crawl had nothing queued or in flight for this long, fleet-wide (Redis "
             "time; 0: never). Without keep-alive a crawl closes `finished` anyway."),
+    Setting("REDISSPINE_FEED_KEY", "%(name)s:start_urls", as_key_template, (),
+            "The crawl's feed: a Redis LIST or ZSET (scrapy-redis's start URLs key) "
+            "that every worker drains in the background, each entry a URL or a JSON "
+            "request object, through the crawl's dedup. `%(name)s` is the spider's "
+            "name; `\"\"` turns the feed off. See \"Feeding a live crawl\"."),
+    Setting("REDISSPINE_FEED_BATCH_SIZE", 100, as_number, (int, 1),
+            "Most feed entries a worker takes in one round trip."),
+    Setting("REDISSPINE_FEED_SECONDS", 0.5, as_number, (float, 0.01),
+            "How often a worker looks at the feed key; while full batches come, it "
+            "takes up to ten in a row."),
     Setting("REDISSPINE_HEARTBEAT_SECONDS", 5.0, as_number, (float, 0.1),
             "Interval of the worker's heartbeat in Redis."),
     Setting("REDISSPINE_WORKER_TIMEOUT_SECONDS", 30.0, as_number, (float, 1),
@@ -274,6 +285,9 @@ class SpineConfig:
     idle_poll_seconds: float
     keep_alive: bool
     idle_close_seconds: float
+    feed_key: str
+    feed_batch_size: int
+    feed_seconds: float
     heartbeat_seconds: float
     worker_timeout_seconds: float
     sweep_seconds: float

@@ -73,6 +73,7 @@ SCRIPT_NAMES = (
     "add_shed",
     "take_slot",
     "count_limits",
+    "feed_done",
 )
 
 __all__ = [

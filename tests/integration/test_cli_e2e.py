@@ -147,6 +147,80 @@ def test_seed_into_a_running_keep_alive_crawl_gets_fetched(
     assert len(test_site.requests()) == before + 1, "seeding a seen URL fetched it again"
 
 
+def test_lpush_into_the_feed_key_of_a_running_keep_alive_crawl_gets_fetched(
+    fleet: Fleet, test_site: TestSite, redis_url: str, real_redis: redis.Redis
+) -> None:
+    """scrapy-redis's way: ``lpush <spider>:start_urls`` of plain URLs and JSON entries
+    (meta, a callback, cb_kwargs) into a running crawl; bad entries dead-lettered."""
+    from scrapy_redisspine._frontier_upkeep import FrontierUpkeep
+
+    feed = f"{fleet.spider}:start_urls"  # REDISSPINE_FEED_KEY's default
+    real_redis.delete(feed)
+    [worker] = fleet.start(1, fleet.crawling(**FAST, REDISSPINE_KEEP_ALIVE=True,
+                                             REDISSPINE_FEED_SECONDS=0.2))
+    keys = fleet.keys
+    try:
+        wait_for(lambda: len(test_site.fetch_counts()) == len(test_site.all_urls()), 30,
+                 "the site crawled")
+        wait_for(lambda: real_redis.zcard(keys.queue) + real_redis.hlen(keys.inflight) == 0, 10,
+                 "the crawl idle")
+        start = test_site.start_urls()[0]
+        fed_json = {"url": start + "?fed=json", "meta": {"fed": "yes"},
+                    "callback": "parse_fed", "cb_kwargs": {"n": 3}}
+        real_redis.lpush(
+            feed, start + "?fed=plain", json.dumps(fed_json), "not a url",
+            json.dumps({"url": start + "?fed=nope", "callback": "no_such_method"}),
+            start,  # seen already: the dedup drops it
+        )
+        paths = ("?fed=plain", "?fed=json")
+        wait_for(lambda: all(any(r["path"].endswith(path) for r in test_site.requests())
+                             for path in paths), 10, "the fed URLs fetched")
+        wait_for(lambda: real_redis.exists(feed) == 0, 10, "the feed drained")
+        before = len(test_site.requests())
+        time.sleep(1)  # a few more drain ticks: nothing fed is fetched again
+        letters = FrontierUpkeep(real_redis, keys, "test").dead_letters()
+        _cli(redis_url, "drain", keys.crawl_id)
+        [result] = wait_workers([worker], timeout=20)
+    finally:
+        if worker.process.poll() is None:
+            worker.process.send_signal(signal.SIGINT)
+            wait_workers([worker], timeout=30)
+        real_redis.delete(feed)
+    assert result.finish_reason == "drained"
+    assert len(test_site.requests()) == before, "a fed entry was fetched twice"
+    fetched = [r["path"] for r in test_site.requests()]
+    assert sum(p.endswith("?fed=plain") for p in fetched) == 1
+    assert sum(p.endswith("?fed=json") for p in fetched) == 1
+    assert not any(p.endswith("?fed=nope") for p in fetched)
+    logged = [json.loads(line.split("fed page: ", 1)[1]) for line in result.log.splitlines()
+              if "fed page: " in line]
+    assert logged == [{"url": start + "?fed=json", "fed": "yes", "cb_kwargs": {"n": 3}}]
+    reasons = {letter.payload.decode(): letter.reason for letter in letters}
+    assert set(reasons) == {"not a url", json.dumps(
+        {"url": start + "?fed=nope", "callback": "no_such_method"})}
+    assert "not an absolute http(s) URL" in reasons["not a url"]
+    assert all(reason.startswith("bad feed entry: ") for reason in reasons.values())
+    assert "'no_such_method' is not a method of the spider" in "".join(reasons.values())
+
+
+def test_a_spider_fed_only_through_its_feed_key_crawls_the_site_and_finishes(
+    fleet: Fleet, test_site: TestSite, real_redis: redis.Redis
+) -> None:
+    """A scrapy-redis style crawl: no start requests, the start URLs lpushed into the
+    feed before the workers start; two workers crawl it once and finish."""
+    feed = f"{fleet.spider}:start_urls"
+    real_redis.delete(feed)
+    real_redis.lpush(feed, *test_site.start_urls())
+    try:
+        results = fleet.run(2, fleet.crawling(**FAST, LINKS_JOIN_ONLY=True), timeout=60)
+    finally:
+        left = real_redis.llen(feed)
+        real_redis.delete(feed)
+    assert_finished(results)
+    assert left == 0
+    assert_exactly_once(test_site)
+
+
 def test_status_after_a_worker_was_killed_keeps_its_last_totals_and_says_finished(
     fleet: Fleet, site_factory: SiteFactory, redis_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:

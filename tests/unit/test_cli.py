@@ -7,6 +7,7 @@ import json
 from typing import TYPE_CHECKING
 
 import pytest
+from scrapy import Spider
 
 from scrapy_redisspine import cli, deadletters
 from scrapy_redisspine.control import StatsPusher, read_orders, record_progress
@@ -56,6 +57,38 @@ def test_seed_from_stdin_goes_through_the_crawl_dedup(
     assert run(redis_url, "seed", "books", "--file", "-") == 0
     assert "1 new, 1 already seen, 0 malformed" in capsys.readouterr().out
     assert real_redis.zcard(KEYS.queue) == 2
+
+
+class _BooksSpider(Spider):
+    name = "books"
+
+    def parse_item(self, response: object) -> None:
+        pass
+
+
+def test_seed_and_push_take_the_same_json_entries_with_the_crawl_settings(
+    redis_url: str, real_redis: redis.Redis, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from scrapy_redisspine import push
+    from scrapy_redisspine.request_codec import RequestCodec
+    from scrapy_redisspine.serialization import get_serializer
+
+    entry = json.dumps({"url": "http://a.test/j", "meta": {"k": 1}, "callback": "parse_item",
+                        "priority": 4})
+    assert run(redis_url, "seed", "books", entry, '{"url": "http://a.test/j", "x": 1}') == (
+        cli.EXIT_PARTIAL)
+    assert "unknown key(s) x" in capsys.readouterr().err
+    assert push.main(["--redis-url", redis_url, "--crawl", "books", entry,
+                      "http://b.test/k"]) == 0
+    assert "1 new, 1 already seen, 0 malformed" in capsys.readouterr().out
+    batch = Frontier(real_redis, KEYS, "w1").lease(10)
+    codec = RequestCodec(_BooksSpider(), get_serializer("msgpack"))
+    requests = {request.url: request for request in
+                (codec.decode(lease.payload) for lease in batch.leases)}
+    assert set(requests) == {"http://a.test/j", "http://b.test/k"}
+    fed = requests["http://a.test/j"]
+    assert (fed.meta, fed.priority) == ({"k": 1}, 4)
+    assert getattr(fed.callback, "__name__", "") == "parse_item"
 
 
 def test_seed_without_urls_is_a_usage_error(redis_url: str) -> None:

@@ -60,6 +60,16 @@ def test_our_url_or_redis_url_wins_over_host_settings() -> None:
     )
 
 
+def test_scrapy_redis_start_urls_settings_name_the_feed_key() -> None:
+    config = load_config({"REDIS_START_URLS_KEY": "%(name)s:urls",
+                          "REDIS_START_URLS_BATCH_SIZE": "16"})
+    assert (config.feed_key, config.feed_batch_size) == ("%(name)s:urls", 16)
+    ours = load_config({"REDIS_START_URLS_KEY": "x", "REDISSPINE_FEED_KEY": "y"})
+    assert ours.feed_key == "y"
+    (line,) = _lines({"REDIS_START_URLS_KEY": "x"})
+    assert line == (False, "REDIS_START_URLS_KEY (scrapy-redis) is read as REDISSPINE_FEED_KEY")
+
+
 @pytest.mark.parametrize(("settings", "said"), [
     ({"REDIS_HOST": "h", "REDIS_PARAMS": {"socket_timeout": 3}}, "socket_timeout"),
     ({"REDIS_PORT": "sixty"}, "REDIS_PORT"),
@@ -74,7 +84,6 @@ def test_host_settings_that_cannot_be_carried_over_are_refused(
 
 @pytest.mark.parametrize("name", [
     "SCHEDULER_IDLE_BEFORE_CLOSE", "SCHEDULER_QUEUE_CLASS", "SCHEDULER_SERIALIZER",
-    "REDIS_START_URLS_KEY",
 ])
 def test_scrapy_redis_settings_without_an_equivalent_are_warned_about(name: str) -> None:
     (line,) = _lines({name: "x"})

@@ -8,6 +8,7 @@ failing that, the ``LINKS_START_URLS`` setting (a comma-separated string or list
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 from typing import TYPE_CHECKING, Any
@@ -70,3 +71,10 @@ class LinkSpider(scrapy.Spider):
             yield response.follow("/unstorable", meta={"handle": object()})
         for href in response.css("a::attr(href)").getall():
             yield response.follow(href, callback=self.parse)
+
+    def parse_fed(self, response: Response, **kwargs: Any) -> Iterator[Any]:
+        """A callback named by a JSON entry of the feed key: it logs what arrived."""
+        self.logger.info("fed page: %s", json.dumps({
+            "url": response.url, "fed": response.meta.get("fed"), "cb_kwargs": kwargs,
+        }, sort_keys=True))
+        yield {"url": response.url}

@@ -1,0 +1,188 @@
+"""The feed drain: every worker takes what users push into the crawl's feed key.
+
+scrapy-redis users feed a crawl with ``redis-cli lpush myspider:start_urls URL``;
+this extension keeps that working (``REDISSPINE_FEED_KEY``, LIST or ZSET) without
+scrapy-redis's idle-poll delay: once as the worker opens, then every
+``REDISSPINE_FEED_SECONDS`` (and up to ten
+batches in a row while full ones come) each worker reads a batch of up to
+``REDISSPINE_FEED_BATCH_SIZE`` entries, builds a request from each (a URL or a JSON
+object, ``feed_entries``; a callback must be a method of the spider), enqueues the
+good ones through the crawl's dedup as ``redisspine seed`` does (``push``), and
+only then removes them from the feed and dead-letters the bad ones with their
+reasons, in one script (``_feed_store``: why read-then-remove loses nothing).
+
+Entries a full host backlog refused (``REDISSPINE_HOST_BACKLOG_CAP``) stay in the
+feed for a later batch. Runs through the ``signals.WorkerView`` of ``worker_opened``.
+
+Keys touched (``FeedStore``, ``Frontier.push``): the feed key, dead, stats, record,
+and the enqueue script's keys.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from scrapy import signals as scrapy_signals
+from scrapy.exceptions import NotConfigured
+
+from scrapy_redisspine import signals
+from scrapy_redisspine._clock import Clock, Periodic, ReactorClock
+from scrapy_redisspine._components import component_config
+from scrapy_redisspine._feed_store import FeedBatch, FeedStore, FeedTypeError
+from scrapy_redisspine._guard import CALL_ERRORS
+from scrapy_redisspine.feed_entries import BadEntry, parse_entry
+from scrapy_redisspine.keys import feed_key
+from scrapy_redisspine.push import EntryEncoder, PushOptions, push_frontier
+from scrapy_redisspine.request_codec import RequestEncodeError
+
+if TYPE_CHECKING:
+    from scrapy import Spider
+    from scrapy.crawler import Crawler
+    from scrapy.statscollectors import StatsCollector
+    from scrapy.utils.request import RequestFingerprinterProtocol
+
+    from scrapy_redisspine.frontier import Frontier, NewRequest
+    from scrapy_redisspine.settings import SpineConfig
+
+logger = logging.getLogger(__name__)
+
+#: Batches one tick takes at most while each comes back full.
+BATCHES_PER_TICK = 10
+
+
+class FeedDrain:
+    """Owns the worker's feed store and the timer that drains it."""
+
+    def __init__(
+        self, config: SpineConfig, stats: StatsCollector,
+        fingerprinter: RequestFingerprinterProtocol | None = None, clock: Clock | None = None,
+    ) -> None:
+        self.config = config
+        self.stats = stats
+        self.fingerprinter = fingerprinter
+        self.options = PushOptions.from_config(config)
+        self._encoder = EntryEncoder(self.options, fingerprinter)
+        self.worker: signals.WorkerView | None = None
+        self.spider: Spider | None = None
+        self.store: FeedStore | None = None
+        self._frontier: Frontier | None = None
+        self._type_warned = False
+        self.crawler: Crawler | None = None
+        self._timer = Periodic("feed", self.drain, config.feed_seconds,
+                               clock or ReactorClock(), stats)
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> FeedDrain:
+        config = component_config(crawler)
+        if not config.feed_key:
+            raise NotConfigured("REDISSPINE_FEED_KEY is empty: no feed key is drained")
+        extension = cls(config, crawler.stats, crawler.request_fingerprinter)
+        extension.crawler = crawler
+        crawler.signals.connect(extension.crawl_worker_opened, signal=signals.worker_opened)
+        crawler.signals.connect(extension.stop, signal=signals.worker_closing)
+        crawler.signals.connect(extension.stop, signal=scrapy_signals.spider_closed)
+        return extension
+
+    def crawl_worker_opened(self, worker: signals.WorkerView) -> None:
+        """``worker_opened`` in a crawl: the scheduler sends it before Scrapy sends
+        ``spider_opened``, so the spider comes from the crawler."""
+        spider = self.crawler.spider if self.crawler is not None else None
+        if spider is None:
+            logger.error("redisspine: the feed drain found no spider; %s is not drained",
+                         self.config.feed_key)
+            return
+        self.worker_opened(worker, spider)
+
+    def worker_opened(self, worker: signals.WorkerView, spider: Spider) -> None:
+        """Start draining; callbacks are checked against ``spider``."""
+        self.spider = spider
+        self.worker = worker
+        upkeep = worker.upkeep
+        self.store = FeedStore(upkeep.client, upkeep.keys,
+                               feed_key(self.config.feed_key, self.spider.name))
+        self.store.epoch = upkeep.epoch
+        self._frontier = push_frontier(upkeep.client, upkeep.keys, self.options,
+                                       worker.worker_id)
+        self._frontier.epoch = upkeep.epoch
+        # Once now, while the scheduler opens: a spider fed only through its feed key
+        # (scrapy-redis's way, no start requests) finds the entries queued before its
+        # first lease, instead of finding the crawl empty and closing.
+        self.drain()
+        self._timer.start()
+
+    @property
+    def running(self) -> bool:
+        return self._timer.running
+
+    def stop(self, *_: Any, **__: Any) -> None:
+        self._timer.stop()
+
+    def drain(self) -> None:
+        """Up to ``BATCHES_PER_TICK`` batches, while each is full."""
+        worker = self.worker
+        if worker is None or worker.guard.crawl_gone:
+            return  # a crawl that is gone takes nothing from the feed
+        for _ in range(BATCHES_PER_TICK):
+            if not worker.guard.available("feed"):
+                return
+            try:
+                taken = self.take_batch()
+            except FeedTypeError as exc:
+                if not self._type_warned:
+                    self._type_warned = True
+                    logger.warning("redisspine: %s", exc)
+                return
+            except CALL_ERRORS as exc:
+                worker.guard.failed("feed", exc)
+                return
+            worker.guard.succeeded("feed")
+            if taken < self.config.feed_batch_size:
+                return
+
+    def take_batch(self) -> int:
+        """One batch: read, enqueue the good entries, then end it. How many were read."""
+        store, frontier = self.store, self._frontier
+        if store is None or frontier is None:
+            return 0
+        batch = store.read(self.config.feed_batch_size)
+        if not batch.entries:
+            return 0
+        good, requests, bad = self._sort(batch)
+        enqueued: list[bytes] = []
+        if requests:
+            result = frontier.push(requests)
+            # "c": a full host backlog refused it; it stays in the feed for later
+            enqueued = [raw for raw, status in zip(good, result.statuses, strict=False)
+                        if status != "c"]
+            if result.enqueued and self.worker is not None:
+                self.worker.wake()
+            self.stats.inc_value("redisspine/feed/enqueued", result.enqueued)
+        done = store.done(batch.kind, bad, enqueued)
+        self.stats.inc_value("redisspine/feed/taken", done.removed)
+        if done.buried:
+            self.stats.inc_value("redisspine/feed/dead_lettered", done.buried)
+            logger.warning("redisspine: %d bad feed entr%s of %s went to the dead letters "
+                           "(see `redisspine dead-letters`); first: %s", done.buried,
+                           "y" if done.buried == 1 else "ies", store.feed_key, bad[0][0])
+        return len(batch.entries)
+
+    def _sort(
+        self, batch: FeedBatch
+    ) -> tuple[list[bytes], list[NewRequest], list[tuple[str, bytes]]]:
+        """The good entries (as read, and as requests) and the bad ones (reason, entry)."""
+        good: list[bytes] = []
+        requests: list[NewRequest] = []
+        bad: list[tuple[str, bytes]] = []
+        for raw in batch.entries:
+            try:
+                entry = parse_entry(raw, is_callback=self._is_callback)
+                requests.append(self._encoder.encode(entry))
+            except (BadEntry, RequestEncodeError) as exc:
+                bad.append((f"bad feed entry: {exc}", raw))
+            else:
+                good.append(raw)
+        return good, requests, bad
+
+    def _is_callback(self, name: str) -> bool:
+        return callable(getattr(self.spider, name, None))
