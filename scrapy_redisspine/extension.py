@@ -214,7 +214,7 @@ class FleetLog:
     def from_crawler(cls, crawler: Crawler) -> FleetLog:
         interval = crawler.settings.getfloat("LOGSTATS_INTERVAL")
         if interval <= 0:
-            raise NotConfigured("LOGSTATS_INTERVAL is 0")
+            raise NotConfigured  # LOGSTATS_INTERVAL is 0, as Scrapy's LogStats
         extension = cls(component_config(crawler), crawler.stats, interval)
         crawler.signals.connect(extension.worker_opened, signal=signals.worker_opened)
         crawler.signals.connect(extension.worker_closing, signal=signals.worker_closing)

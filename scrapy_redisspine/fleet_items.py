@@ -39,7 +39,7 @@ class FleetItems:
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> FleetItems:
         if not component_config(crawler).items:
-            raise NotConfigured("REDISSPINE_ITEMS is off")
+            raise NotConfigured  # REDISSPINE_ITEMS is off
         extension = cls()
         crawler.signals.connect(extension.worker_opened, signal=signals.worker_opened)
         crawler.signals.connect(extension.item_scraped, signal=scrapy_signals.item_scraped)

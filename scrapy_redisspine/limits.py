@@ -66,10 +66,10 @@ class FleetLimits:
     def from_crawler(cls, crawler: Crawler) -> FleetLimits:
         config = component_config(crawler)
         if config.closespider_per_process:
-            raise NotConfigured("REDISSPINE_CLOSESPIDER_PER_PROCESS: Scrapy's own limits")
+            raise NotConfigured  # REDISSPINE_CLOSESPIDER_PER_PROCESS: Scrapy's own limits
         if not (config.closespider_itemcount or config.closespider_errorcount
                 or config.closespider_timeout):
-            raise NotConfigured("no fleet-wide item, error or time limit")
+            raise NotConfigured  # no fleet-wide item, error or time limit
         extension = cls(config, crawler.stats)
         connect = crawler.signals.connect
         connect(extension.worker_opened, signal=signals.worker_opened)

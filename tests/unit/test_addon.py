@@ -122,3 +122,18 @@ def test_the_setting_alone_is_not_reactorless_mode() -> None:
     settings = Settings({"TWISTED_REACTOR_ENABLED": False})
     Addon().update_settings(settings)
     assert settings["SCHEDULER"] == SCHEDULER
+
+
+def test_features_left_off_by_default_are_disabled_without_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Scrapy logs a WARNING for every component that raises NotConfigured with a
+    # message: a feature the user never asked for must stay quiet (found by Scrapy's
+    # own test_spidermiddleware_metacopy, which asserts no warning at all).
+    from scrapy.extension import ExtensionManager
+    from scrapy.utils.misc import build_from_crawler
+
+    crawler = get_crawler(AddonSpider, {"ADDONS": {Addon: 0}})
+    with caplog.at_level(logging.WARNING):
+        build_from_crawler(ExtensionManager, crawler)
+    assert [r.getMessage() for r in caplog.records if "redisspine" in r.getMessage()] == []
