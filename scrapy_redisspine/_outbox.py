@@ -41,6 +41,21 @@ logger = logging.getLogger("scrapy_redisspine.scheduler")
 
 _SHED_LOG_INTERVAL_SECONDS = 60.0
 
+
+class _EveryMinute:
+    """Says whether a repeated warning is due again: at most one line a minute."""
+
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
+        self._last = float("-inf")
+
+    def due(self) -> bool:
+        now = self._clock.seconds()
+        if now - self._last <= _SHED_LOG_INTERVAL_SECONDS:
+            return False
+        self._last = now
+        return True
+
 #: (order key, token, rest of its lane in ms, clock time when the request was done)
 PendingAck = tuple[str, str, int, float]
 
@@ -111,9 +126,9 @@ class Outbox:
         self._local: dict[bytes, Request] = {}  # payload -> the request it encodes
         self._flush_call: DelayedCall | None = None
         self._flush_due = 0.0  # when it fires (clock time)
-        self._last_shed_log = float("-inf")
+        self._shed_log = _EveryMinute(clock)
         self._shed_unreported = 0  # requests shed that the fleet does not know of yet
-        self._last_items_log = float("-inf")
+        self._items_log = _EveryMinute(clock)
 
     # -- what waits --------------------------------------------------------------------
 
@@ -251,9 +266,7 @@ class Outbox:
         """Count (and log, once a minute) a new request dropped for lack of memory."""
         self._stats.inc_value("redisspine/memory/shed")
         self._shed_unreported += 1
-        now = self._clock.seconds()
-        if now - self._last_shed_log > _SHED_LOG_INTERVAL_SECONDS:
-            self._last_shed_log = now
+        if self._shed_log.due():
             logger.warning(
                 "redisspine: Redis is near its memory budget: not queueing newly discovered "
                 "requests such as %s (start requests, retries and redirects still go in); "
@@ -300,9 +313,7 @@ class Outbox:
     def items_shed(self, count: int) -> None:
         """Count (and log, once a minute) items not stored for lack of room."""
         self._stats.inc_value("redisspine/items/shed", count)
-        now = self._clock.seconds()
-        if now - self._last_items_log > _SHED_LOG_INTERVAL_SECONDS:
-            self._last_items_log = now
+        if self._items_log.due():
             logger.warning(
                 "redisspine: %d item(s) not stored: the items stream is at its cap "
                 "(REDISSPINE_ITEMS_MAX_COUNT / REDISSPINE_ITEMS_MAX_BYTES) or Redis is near "
