@@ -55,23 +55,6 @@ def scrapy_command(argv: Sequence[str] | None = None) -> str | None:
     return None
 
 
-def _reactor_forbidden() -> bool:
-    """Does this process run in Scrapy's reactorless mode (its import hook forbids the
-    reactor)? The setting alone is not enough: Scrapy's ``get_crawler`` sets it when no
-    reactor is installed yet, as in tests that drive a scheduler on a clock of their own."""
-    try:
-        from scrapy.utils.reactorless import ReactorImportHook
-    except ImportError:  # Scrapy before 2.15: no reactorless mode
-        return False
-    return any(isinstance(finder, ReactorImportHook) for finder in sys.meta_path)
-
-
-class ReactorRequired(RuntimeError):
-    """The crawl runs without Twisted's reactor, which the add-on's timers and engine
-    hooks run on: refused before anything starts, with one message, rather than an
-    ``ImportError`` deep in an extension (or a hang under ``AsyncCrawlerRunner``)."""
-
-
 class Addon:
     """``ADDONS = {"scrapy_redisspine.Addon": 0}``"""
 
@@ -83,12 +66,6 @@ class Addon:
                 "join the crawl in Redis (only crawl and runspider do)", command,
             )
             return
-        if not settings.getbool("TWISTED_REACTOR_ENABLED", True) and _reactor_forbidden():
-            raise ReactorRequired(
-                "scrapy_redisspine needs Twisted's reactor: TWISTED_REACTOR_ENABLED = False "
-                "(Scrapy's reactorless mode) is not supported; remove that setting or the "
-                "add-on"
-            )
         settings.set("SCHEDULER", "scrapy_redisspine.scheduler.Scheduler", "addon")
         settings.set(
             "DUPEFILTER_CLASS", "scrapy_redisspine.dupefilter.RedisDupeFilter", "addon"

@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import redis
 from scrapy.dupefilters import BaseDupeFilter
 from scrapy.utils.misc import build_from_crawler, load_object
 from scrapy.utils.request import referer_str
 
+from scrapy_redisspine._clock import Clock, CrawlClock, DelayedCall
 from scrapy_redisspine.dedup import IMPL_BITMAP, MODE_SET, Dedup, DedupParams, MaintenanceStep
 from scrapy_redisspine.keys import CrawlKeys
 from scrapy_redisspine.settings import SpineConfig, load_config
@@ -70,7 +71,7 @@ def fingerprint_request(
 class RedisDupeFilter(BaseDupeFilter):
     """Shares the crawl's dedup record (SET, then Bloom filter) with every worker.
 
-    ``clock`` (a twisted ``IReactorTime``; the reactor under Scrapy) runs the
+    ``clock`` (the crawl's loop under Scrapy, :class:`CrawlClock`) runs the
     maintenance timer; without one, call :meth:`maintain` yourself.
     """
 
@@ -82,7 +83,7 @@ class RedisDupeFilter(BaseDupeFilter):
         stats: StatsCollector | None = None,
         debug: bool = False,
         crawler: Crawler | None = None,
-        clock: Any = None,
+        clock: Clock | None = None,
     ) -> None:
         self.fingerprinter = fingerprinter
         self.config = config
@@ -99,21 +100,19 @@ class RedisDupeFilter(BaseDupeFilter):
         self._client: redis.Redis | None = None
         self._keys: CrawlKeys | None = None
         self._own_connection: WorkerConnection | None = None
-        self._timer: Any = None  # twisted IDelayedCall
+        self._timer: DelayedCall | None = None
         self._warned_full = False
         self._failing = False
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> RedisDupeFilter:
-        from twisted.internet import reactor
-
         return cls(
             crawler.request_fingerprinter,
             load_config(crawler.settings),
             stats=crawler.stats,
             debug=crawler.settings.getbool("DUPEFILTER_DEBUG"),
             crawler=crawler,
-            clock=reactor,
+            clock=CrawlClock(),
         )
 
     def bind(self, frontier: Frontier) -> None:

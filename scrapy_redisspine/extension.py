@@ -39,7 +39,7 @@ from scrapy import signals as scrapy_signals
 from scrapy.exceptions import NotConfigured
 
 from scrapy_redisspine import signals
-from scrapy_redisspine._clock import Clock, Periodic, ReactorClock
+from scrapy_redisspine._clock import Clock, CrawlClock, Periodic
 from scrapy_redisspine._components import component_config
 from scrapy_redisspine._guard import CALL_ERRORS
 
@@ -65,7 +65,7 @@ class Recovery:
     ) -> None:
         self.config = config
         self.stats = stats
-        self.clock: Clock = clock or ReactorClock()
+        self.clock: Clock = clock or CrawlClock()
         self.worker: signals.WorkerView | None = None
         self._timer = Periodic("sweep", self.sweep, config.sweep_seconds, self.clock, stats)
         self._bad_counters: set[str] = set()
@@ -208,7 +208,7 @@ class FleetLog:
         self.stats = stats
         self.interval = interval
         self.worker: signals.WorkerView | None = None
-        self._timer = Periodic("fleet log", self.log, interval, clock or ReactorClock(), stats)
+        self._timer = Periodic("fleet log", self.log, interval, clock or CrawlClock(), stats)
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> FleetLog:

@@ -27,7 +27,7 @@ from scrapy import signals as scrapy_signals
 from scrapy.exceptions import NotConfigured
 
 from scrapy_redisspine import signals
-from scrapy_redisspine._clock import Clock, Periodic, ReactorClock
+from scrapy_redisspine._clock import Clock, CrawlClock, Periodic
 from scrapy_redisspine._components import component_config
 from scrapy_redisspine._feed_store import FeedBatch, FeedStore, FeedTypeError
 from scrapy_redisspine._guard import CALL_ERRORS
@@ -70,7 +70,7 @@ class FeedDrain:
         self._type_warned = False
         self.crawler: Crawler | None = None
         self._timer = Periodic("feed", self.drain, config.feed_seconds,
-                               clock or ReactorClock(), stats)
+                               clock or CrawlClock(), stats)
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> FeedDrain:

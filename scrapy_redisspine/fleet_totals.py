@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from scrapy import signals as scrapy_signals
 
 from scrapy_redisspine import signals
-from scrapy_redisspine._clock import Clock, Periodic, ReactorClock
+from scrapy_redisspine._clock import Clock, CrawlClock, Periodic
 from scrapy_redisspine._components import component_config
 from scrapy_redisspine._guard import CALL_ERRORS
 from scrapy_redisspine.control import StatsPusher
@@ -52,7 +52,7 @@ class FleetTotals:
         self.interval = interval
         self.worker: signals.WorkerView | None = None
         self._pusher: StatsPusher | None = None
-        self._timer = Periodic("fleet totals", self.push, interval, clock or ReactorClock(),
+        self._timer = Periodic("fleet totals", self.push, interval, clock or CrawlClock(),
                                stats)
 
     @classmethod

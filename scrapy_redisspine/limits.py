@@ -34,7 +34,7 @@ from scrapy import signals as scrapy_signals
 from scrapy.exceptions import NotConfigured
 
 from scrapy_redisspine import signals
-from scrapy_redisspine._clock import Clock, Periodic, ReactorClock
+from scrapy_redisspine._clock import Clock, CrawlClock, Periodic
 from scrapy_redisspine._components import component_config
 from scrapy_redisspine._guard import CALL_ERRORS
 
@@ -55,7 +55,7 @@ class FleetLimits:
                  clock: Clock | None = None) -> None:
         self.config = config
         self.stats = stats
-        self.clock: Clock = clock or ReactorClock()
+        self.clock: Clock = clock or CrawlClock()
         self.worker: signals.WorkerView | None = None
         self.items = 0  # counted here, not yet added to the fleet's counts
         self.errors = 0

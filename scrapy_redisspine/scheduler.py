@@ -29,7 +29,7 @@ from scrapy.core.scheduler import BaseScheduler
 from scrapy.dupefilters import BaseDupeFilter
 
 from scrapy_redisspine import signals
-from scrapy_redisspine._clock import Clock, Periodic, ReactorClock
+from scrapy_redisspine._clock import Clock, CrawlClock, Periodic
 from scrapy_redisspine._closing import HandBack
 from scrapy_redisspine._engine import EngineHooks, EnginePort
 from scrapy_redisspine._fleet import FleetMember
@@ -107,7 +107,7 @@ class Scheduler(BaseScheduler):
         self.stats = stats
         self.crawler = crawler  # its signals and request fingerprinter (public API)
         self.engine = engine
-        self.clock: Clock = clock or ReactorClock()
+        self.clock: Clock = clock or CrawlClock()
         self.worker_id = worker_id or new_worker_id()
         self.spider: Spider | None = None
         self.guard = RedisGuard(stats, self.clock.seconds)

@@ -152,7 +152,8 @@ class _Watchdog:
     seed`` (README, "Termination"), which no test sends. It closes the way Ctrl-C
     does (reason ``shutdown``); in pytest's process the test is then failed by
     :func:`pytest_runtest_makereport`, whatever it asserts after its crawl returns.
-    A crawl without a Twisted reactor is left to pytest-timeout."""
+    Its timers are the add-on's own (:class:`~scrapy_redisspine._clock.CrawlClock`),
+    so it also runs on a crawl without a Twisted reactor."""
 
     def __init__(self, crawler: Any, redis_url: str) -> None:
         from scrapy import signals
@@ -162,34 +163,31 @@ class _Watchdog:
         self._poll: Any = None
         self._client: Any = None
         self._seen_waiting = False
+        self._stopping: Any = None  # the reactorless stop, kept from the collector
         crawler.signals.connect(self._start, signals.engine_started, weak=False)
         crawler.signals.connect(self._cancel, signals.engine_stopped, weak=False)
 
     def _start(self) -> None:
-        if "twisted.internet.reactor" not in sys.modules:
-            return
         import redis
-        from twisted.internet import reactor as installed
-        from twisted.internet.task import LoopingCall
 
-        reactor: Any = installed
+        from scrapy_redisspine._clock import CrawlClock, Periodic
+
+        clock = CrawlClock()  # the reactor, or asyncio's loop in reactorless mode
         self._client = redis.Redis.from_url(self._redis_url)
-        self._poll = LoopingCall(self._stop_if_waiting)
-        self._poll.clock = reactor
+        self._poll = Periodic("conformance watchdog", self._stop_if_waiting,
+                              _WAITING_POLL_SECONDS, clock, self._crawler.stats)
         self._calls = [
-            reactor.callLater(CRAWL_TIMEOUT_SECONDS, self._stop,
-                              f"still open after {CRAWL_TIMEOUT_SECONDS:.0f}s"),
+            clock.callLater(CRAWL_TIMEOUT_SECONDS, self._stop,
+                            f"still open after {CRAWL_TIMEOUT_SECONDS:.0f}s"),
         ]
         if _ours(self._crawler.settings.get("SCHEDULER")):  # else Redis knows nothing
-            self._calls.append(reactor.callLater(
-                _WAITING_GRACE_SECONDS, self._poll.start, _WAITING_POLL_SECONDS
-            ))
+            self._calls.append(clock.callLater(_WAITING_GRACE_SECONDS, self._poll.start))
 
     def _cancel(self) -> None:
         for call in self._calls:
             if call.active():
                 call.cancel()
-        if self._poll is not None and self._poll.running:
+        if self._poll is not None:
             self._poll.stop()
         if self._client is not None:
             self._client.close()
@@ -220,7 +218,11 @@ class _Watchdog:
         _stopped.append(stopped)
         _counts["stopped_by_watchdog"] += 1
         sys.stderr.write(f"redisspine conformance: watchdog stopped {stopped}\n")
-        if hasattr(self._crawler, "stop_async"):  # Scrapy 2.14+; stop() warns there
+        if "twisted.internet.reactor" not in sys.modules:  # reactorless (Scrapy 2.15+)
+            import asyncio
+
+            self._stopping = asyncio.ensure_future(self._crawler.stop_async())
+        elif hasattr(self._crawler, "stop_async"):  # Scrapy 2.14+; stop() warns there
             from scrapy.utils.defer import deferred_from_coro
 
             deferred_from_coro(self._crawler.stop_async())

@@ -88,15 +88,13 @@ FILES = (
     # runner and mode, not the whole file: its 63 tests all crawl a spider with no
     # requests in a child of its own, which costs about 6 s each here with the add-on
     # (7 minutes in all, over the time budget) and fails the same way every time.
-    # Not TestAsyncCrawlerRunnerSubprocess::test_reactorless_simple: without a reactor
-    # the add-on hangs there, and the test waits for its child with no timeout (it
-    # would cost pytest-timeout's 120 s; see the README's reactorless entry).
     "test_crawler_subprocess.py::TestCrawlerProcessSubprocess::test_simple",
     "test_crawler_subprocess.py::TestCrawlerProcessSubprocess::test_multi",
     "test_crawler_subprocess.py::TestAsyncCrawlerProcessSubprocess::test_simple",
     "test_crawler_subprocess.py::TestAsyncCrawlerProcessSubprocess::test_reactorless_simple",
     "test_crawler_subprocess.py::TestCrawlerRunnerSubprocess::test_simple",
     "test_crawler_subprocess.py::TestAsyncCrawlerRunnerSubprocess::test_simple",
+    "test_crawler_subprocess.py::TestAsyncCrawlerRunnerSubprocess::test_reactorless_simple",
 )
 
 #: A reason that starts so marks a test that fails or passes with the machine's load

@@ -94,29 +94,9 @@ def test_a_command_that_does_not_crawl_keeps_scrapys_scheduler(
     assert "`scrapy fetch` runs on its own" in caplog.text
 
 
-def test_reactorless_mode_is_refused_before_anything_starts() -> None:
-    # Without the reactor the add-on's timers cannot run: one clear message at once,
-    # not an ImportError deep in an extension, nor a crawl that hangs.
-    from scrapy.crawler import Crawler
-    from scrapy.utils.reactorless import (
-        install_reactor_import_hook,
-        uninstall_reactor_import_hook,
-    )
-
-    from scrapy_redisspine.addon import ReactorRequired
-
-    crawler = Crawler(AddonSpider, {"ADDONS": {Addon: 0}, "TWISTED_REACTOR_ENABLED": False})
-    hook = install_reactor_import_hook()  # what a reactorless crawler process does
-    try:
-        with pytest.raises(ReactorRequired, match="needs Twisted's reactor"):
-            crawler._apply_settings()  # what crawl() does first (Scrapy's AddonManager)
-    finally:
-        uninstall_reactor_import_hook(hook)
-
-
-def test_the_setting_alone_is_not_reactorless_mode() -> None:
-    # Scrapy's get_crawler sets TWISTED_REACTOR_ENABLED = False whenever no reactor is
-    # installed yet (tests, benchmarks): the add-on works there as before.
+def test_reactorless_mode_is_taken_like_any_other() -> None:
+    # The add-on's timers run on asyncio's loop when there is no reactor
+    # (tests/integration/test_reactorless_e2e.py crawls so): nothing to refuse.
     from scrapy.settings import Settings
 
     settings = Settings({"TWISTED_REACTOR_ENABLED": False})

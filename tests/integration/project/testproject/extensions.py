@@ -43,3 +43,24 @@ class KillAfterItem:
             except FileExistsError:
                 return  # another worker died here already
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+class ReportLoop:
+    """Logs, as the spider closes, whether Twisted's reactor was ever imported in the
+    worker: the reactorless tests read it to know a crawl really ran on a bare
+    asyncio loop (Scrapy's early "Using reactor" line comes before the log file)."""
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> ReportLoop:
+        extension = cls()
+        crawler.signals.connect(extension.spider_closed, signal=signals.spider_closed)
+        return extension
+
+    def spider_closed(self, spider: Any, reason: str) -> None:
+        import logging
+        import sys
+
+        installed = "twisted.internet.reactor" in sys.modules
+        logging.getLogger("testproject").info(
+            "testproject: Twisted reactor imported: %s", "yes" if installed else "no"
+        )
