@@ -58,12 +58,15 @@ class FleetMember:
         flush: Callable[[], bool],
         crawl_gone: Callable[[Heartbeat], None],
         idle_close_ms: int = 0,
+        wait_for_first_request: bool = True,
     ) -> None:
         """``wake()`` asks for a lease soon; ``flush()`` sends what the worker holds
         for Redis (False: it could not), before a count; ``crawl_gone(heartbeat)``
         is told when the crawl this worker joined is not in Redis any more.
         ``idle_close_ms`` (REDISSPINE_IDLE_CLOSE_SECONDS, with keep-alive): an idle
-        worker counts at each heartbeat, so the fleet's idle time is measured."""
+        worker counts at each heartbeat, so the fleet's idle time is measured.
+        ``wait_for_first_request`` (REDISSPINE_WAIT_FOR_FIRST_REQUEST): False lets a
+        crawl that never had a request close like Scrapy's, once nobody is starting."""
         self._frontier = frontier
         self._guard = guard
         self._book = book
@@ -77,6 +80,7 @@ class FleetMember:
         self._clock = clock
         self._timeout_ms = worker_timeout_ms
         self._idle_close_ms = idle_close_ms
+        self._wait_for_first = wait_for_first_request
         self._wake = wake
         self.orders = Orders()  # fleet-wide pause/drain, read once per heartbeat
         self.drain_closing = False
@@ -129,16 +133,24 @@ class FleetMember:
             self._gone(Heartbeat(counts.status))
             return
         self.queued, self.inflight = counts.queued, counts.inflight
-        self.pending = counts.pending
+        self.pending = counts.pending if self._wait_for_first else counts.has_work
         self.shed = counts.shed
         self.checked_at = self._clock.seconds()
         if counts.close_reason:
             self.close_ordered(counts.close_reason)
-        if not counts.ever and not self._said_waiting:
+        if not counts.ever and not self._said_waiting and self._wait_for_first:
             self._said_waiting = True
             logger.info(
                 "redisspine: crawl %r has had no request queued yet: waiting for its "
-                "first one (start requests of a worker, or `redisspine seed`)",
+                "first one (start requests of a worker, or `redisspine seed`; "
+                "REDISSPINE_WAIT_FOR_FIRST_REQUEST = False closes it instead)",
+                self._frontier.keys.crawl_id,
+            )
+        elif not counts.ever and not self.pending and not self._said_waiting:
+            self._said_waiting = True
+            logger.info(
+                "redisspine: crawl %r never had a request queued and no worker is "
+                "starting: nothing to do (REDISSPINE_WAIT_FOR_FIRST_REQUEST = False)",
                 self._frontier.keys.crawl_id,
             )
 

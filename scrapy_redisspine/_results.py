@@ -171,9 +171,15 @@ class FleetCounts:
     close_reason: str = ""  # the fleet's close order ("idle" once idle long enough)
 
     @property
+    def has_work(self) -> bool:
+        """Is work queued, in flight, or still being produced by a live worker?"""
+        return bool(self.queued or self.inflight or self.starting)
+
+    @property
     def pending(self) -> bool:
-        """Is there, or may there still be, work for the fleet?"""
-        return bool(self.queued or self.inflight or self.starting or not self.ever)
+        """Is there, or may there still be, work for the fleet? A crawl that never
+        had a request may get its first one (see REDISSPINE_WAIT_FOR_FIRST_REQUEST)."""
+        return self.has_work or not self.ever
 
 
 def text(value: Any) -> str:

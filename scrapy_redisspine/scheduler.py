@@ -199,6 +199,7 @@ class Scheduler(BaseScheduler):
             worker_timeout_ms=config.worker_timeout_ms, wake=self.wake,
             flush=self.outbox.try_flush, crawl_gone=self._crawl_gone,
             idle_close_ms=config.idle_close_ms,
+            wait_for_first_request=config.wait_for_first_request,
         )
         self.local = LocalQueue(self.worker_id, stats)
         self.leaser = Leaser(

@@ -133,6 +133,12 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("REDISSPINE_KEEP_ALIVE", False, as_bool, (),
             "Service mode: stay open when the crawl has no work, waiting for "
             "requests added from outside."),
+    Setting("REDISSPINE_WAIT_FOR_FIRST_REQUEST", True, as_bool, (),
+            "A crawl that never had a request queued waits for its first one (from "
+            "another worker's start requests or `redisspine seed`), so a worker that "
+            "starts before the fleet's seeder does not close. `False`: Scrapy's own "
+            "rule, such a crawl closes `finished` once no live worker is still in its "
+            "spider's `start()` (a spider that yields only items, or nothing)."),
     Setting("REDISSPINE_IDLE_CLOSE_SECONDS", 0.0, as_number, (float, 0),
             "With `REDISSPINE_KEEP_ALIVE`: the fleet closes (reason `idle`) once the "
             "crawl had nothing queued or in flight for this long, fleet-wide (Redis "
@@ -284,6 +290,7 @@ class SpineConfig:
     local_request_cache: int
     idle_poll_seconds: float
     keep_alive: bool
+    wait_for_first_request: bool
     idle_close_seconds: float
     feed_key: str
     feed_batch_size: int

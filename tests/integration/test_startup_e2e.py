@@ -45,6 +45,42 @@ def test_workers_that_join_before_anything_is_queued_wait_for_the_seeds(
     assert sum(result.stats.get("response_received_count", 0) for result in results[:2]) > 0
 
 
+def test_scrapys_rule_on_request_closes_a_crawl_that_never_had_a_request(
+    fleet: Fleet, site_factory: Callable[..., TestSite],
+) -> None:
+    # REDISSPINE_WAIT_FOR_FIRST_REQUEST = False: a lone worker whose spider yields no
+    # request closes `finished` at once, as on Scrapy.
+    site = site_factory(hosts=1, pages_per_host=3)
+    settings = fleet.crawling(site, LINKS_JOIN_ONLY=True,
+                              REDISSPINE_WAIT_FOR_FIRST_REQUEST=False)
+    started = time.monotonic()
+    [lone] = fleet.run(1, settings, log="lone", timeout=60)
+    assert_finished([lone])
+    assert time.monotonic() - started < 30, "it waited for a first request"
+    assert "never had a request queued and no worker is starting" in lone.log
+    assert site.requests() == []
+
+
+def test_without_waiting_a_seeder_still_in_its_start_holds_the_crawl_open(
+    fleet: Fleet, site_factory: Callable[..., TestSite],
+) -> None:
+    # Even without the wait, a worker still producing start requests counts as work
+    # fleet-wide: a joiner that comes while the seeder is in its slow start() stays,
+    # takes part, and nothing is left undone.
+    site = site_factory(hosts=3, pages_per_host=10, latency=0.3)
+    extra = {"REDISSPINE_WAIT_FOR_FIRST_REQUEST": False}
+    seeder = fleet.start(1, fleet.crawling(site, LINKS_START_PAUSE_SECONDS=3.0,
+                                           CONCURRENT_REQUESTS=1, **extra), log="seeder")
+    time.sleep(1.5)  # registered and in its start(), its first request not yet sent
+    joiners = fleet.start(2, fleet.crawling(site, LINKS_JOIN_ONLY=True, **extra),
+                          log="joiners")
+    results = wait_workers([*seeder, *joiners], timeout=120)
+    assert_finished(results)
+    assert_all_fetched(site)
+    assert sum(result.stats.get("response_received_count", 0) for result in results[1:]) > 0
+    assert not any("never had a request queued" in result.log for result in results)
+
+
 def _refused(results: list[WorkerResult], reason: str, *said: str) -> str:
     (result,) = results
     detail = f"rc={result.returncode}\n{result.log[-3000:]}\n{result.output[-2000:]}"

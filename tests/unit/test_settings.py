@@ -43,6 +43,7 @@ def test_defaults() -> None:
         "local_request_cache": 10_000,
         "idle_poll_seconds": 0.1,
         "keep_alive": False,
+        "wait_for_first_request": True,
         "idle_close_seconds": 0.0,
         "feed_key": "%(name)s:start_urls",
         "feed_batch_size": 100,
