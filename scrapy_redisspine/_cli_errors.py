@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-#: Exit codes, as the README's table documents them.
+#: Exit codes, as the table of the docs' Operations page (docs/operations.md) documents them.
 EXIT_OK = 0
 EXIT_PARTIAL = 1  # partly done: malformed seed lines, unknown dead letters, a "no"
 EXIT_USAGE = 2  # bad usage, unknown crawl, no Redis configured

@@ -8,7 +8,8 @@ the scheduler logs the line and closes the spider with the reason, and the
 process exits non-zero.
 
 The close reasons that mean "the work is not done" are listed in
-:data:`FAILED_REASONS`; the README lists them with what to do.
+:data:`FAILED_REASONS`; the docs (How it works, "Close reasons")
+list them with what to do.
 """
 
 from __future__ import annotations

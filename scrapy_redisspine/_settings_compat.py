@@ -175,6 +175,6 @@ def _unknown(settings: Mapping[str, Any], known: set[str]) -> list[tuple[bool, s
             close = difflib.get_close_matches(name.removeprefix(PREFIX), sorted(bare), n=1,
                                               cutoff=0.75)
             hint = (f": did you mean {bare[close[0]]}?" if close
-                    else " (see the README's table)")
+                    else " (see the settings reference in the docs)")
             lines.append((True, f"unknown setting {name}{hint}"))
     return lines

@@ -4,8 +4,8 @@ Each scrape reads every crawl with :func:`status.read_status`, the same bounded 
 as ``redisspine status`` (so a scrape never blocks Redis on a large crawl, and the
 numbers are those of ``status --json``), and turns them into metric families. Names
 follow Prometheus conventions: a ``redisspine_`` prefix, the unit in the name,
-``_total`` for counters (the fleet's Scrapy counters only ever grow). The README
-lists them; ``docs/grafana-dashboard.json`` charts them.
+``_total`` for counters (the fleet's Scrapy counters only ever grow). The docs'
+Operations page (``docs/operations.md``) lists them; ``docs/grafana-dashboard.json`` charts them.
 
 Needs ``prometheus_client`` (the ``metrics`` extra); served with the standard
 library's WSGI server in the foreground, so Ctrl-C ends it.

@@ -3,7 +3,7 @@
 Every ``scrapy crawl`` process using this scheduler is one worker of a fleet that
 shares one crawl's keys. The scheduler is Scrapy's interface and the wiring of
 parts that each own their state, drawn side by side (none inherits from another;
-the README's "How it works" has the table): ``Outbox`` (``_outbox``), ``LeaseBook``
+the docs' "How it works" page has the table): ``Outbox`` (``_outbox``), ``LeaseBook``
 (``_leasebook``), ``Leaser`` (``_leasing``), ``FleetMember`` (``_fleet``),
 ``RedisGuard`` (``_guard``), ``HostPolicy`` (``_host_policy``), ``LocalQueue``
 (``_local``), ``StartRegistry`` (``_starts``), ``Refusal`` (``_refusal``) and

@@ -1,11 +1,11 @@
 """Every setting of the plugin, declared once in :data:`SETTINGS`.
 
-A declaration holds the name, the default, the README text and the check; the config
-field follows from the name. Components never call ``settings.get`` themselves:
-:func:`load_config` runs every declaration over Scrapy settings into one frozen
-:class:`SpineConfig`, rejecting bad values with a message that names the setting.
-This module imports nothing from Scrapy so the core and its tests can build a config
-from a plain mapping.
+A declaration holds the name, the default, the doc text (the docs' settings reference
+is generated from it) and the check; the config field follows from the name.
+Components never call ``settings.get`` themselves: :func:`load_config` runs every
+declaration over Scrapy settings into one frozen :class:`SpineConfig`, rejecting bad
+values with a message that names the setting. This module imports nothing from Scrapy
+so the core and its tests can build a config from a plain mapping.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ PREFIX = "REDISSPINE_"
 
 @dataclass(frozen=True)
 class Setting:
-    """One setting: its name, default, README text, config field and check.
+    """One setting: its name, default, doc text, config field and check.
 
     The field is the name without :data:`PREFIX`, in lower case; ``field`` overrides
     that only where the rule would give a poor name. ``check(name, value, *args)``
@@ -93,7 +93,7 @@ SETTINGS: tuple[Setting, ...] = (
             "the crawl are alive (so a late joiner cannot wipe its peers' work)."),
     Setting("REDISSPINE_SERIALIZER", "msgpack", as_choice, (_SERIALIZERS,),
             "How requests are stored: `msgpack` (compact, fast) or `json` "
-            "(readable). Never pickle."),
+            "(readable). Never pickle. Workers read both."),
     Setting("REDISSPINE_ALLOWED_REQUEST_CLASSES", (), as_str_tuple, (),
             "Dotted paths of Request subclasses, besides Scrapy's own, that a "
             "worker may rebuild from Redis. Any other `_class` is refused."),

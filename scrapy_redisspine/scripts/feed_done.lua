@@ -14,7 +14,7 @@ KEYS[2]  stats   HASH   fleet-wide counters (fed, feed_dead_lettered)
 KEYS[3]  record  HASH   the crawl record: writes only while it is the caller's crawl
 KEYS[4 ..]       the feed key (one): outside the crawl's hash tag unless the user
                  named it with it, so on Redis Cluster it must be given a {crawl}
-                 tag (see the README)
+                 tag (docs: Operations, "Feeding a live crawl")
 
 ARGV[1]  epoch   the caller's crawl epoch ("": a tool, no check; lib/crawl.lua)
 ARGV[2]  kind    "list" or "zset": how the feed key is read

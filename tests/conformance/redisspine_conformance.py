@@ -149,7 +149,7 @@ class _Watchdog:
     after :data:`CRAWL_TIMEOUT_SECONDS`, and (at once, not after the timeout) a crawl
     that never had a request queued while no worker still runs its spider's
     ``start()``: the add-on keeps such a crawl open for a request from ``redisspine
-    seed`` (README, "Termination"), which no test sends. It closes the way Ctrl-C
+    seed`` (docs/getting-started.md, "Termination"), which no test sends. It closes the way Ctrl-C
     does (reason ``shutdown``); in pytest's process the test is then failed by
     :func:`pytest_runtest_makereport`, whatever it asserts after its crawl returns.
     Its timers are the add-on's own (:class:`~scrapy_redisspine._clock.CrawlClock`),

@@ -158,7 +158,7 @@ def test_dashboard_in_a_real_browser_shows_the_numbers_of_status(
         url = serve("dashboard", crawl)
         dom = browser.dump_dom(url)
         status = status_json(redis_url, crawl)
-        # REDISSPINE_DASHBOARD_SCREENSHOT=docs/dashboard.png refreshes the README's
+        # REDISSPINE_DASHBOARD_SCREENSHOT=docs/dashboard.png refreshes the docs' screenshot
         browser.screenshot(url, Path(os.environ.get("REDISSPINE_DASHBOARD_SCREENSHOT")
                                      or tmp_path / "dashboard.png"))
     finally:

@@ -1,9 +1,9 @@
 """The conformance run's list of expected failures stays short, explicit and documented.
 
 Every entry of ``tests/conformance/expected_failures.txt`` names one test of Scrapy's
-and a reason, and every reason is one of the differences the README lists under
-"Differences from Scrapy's scheduler": a test may only be expected to fail for a
-difference users are told about.
+and a reason, and every reason is one of the differences the docs list on their page
+"Differences from Scrapy's scheduler" (``docs/differences-from-scrapy.md``): a test
+may only be expected to fail for a difference users are told about.
 """
 
 from __future__ import annotations
@@ -21,11 +21,10 @@ finally:
 
 
 def _differences() -> str:
-    readme = (ROOT / "README.md").read_text("utf-8")
-    match = re.search(r"^### Differences from Scrapy's scheduler\n(.*?)(?=^#)", readme,
-                      re.MULTILINE | re.DOTALL)
-    assert match, "README.md has no 'Differences from Scrapy's scheduler' subsection"
-    return " ".join(match.group(1).split())  # as one line: the README wraps its text
+    page = (ROOT / "docs" / "differences-from-scrapy.md").read_text("utf-8")
+    match = re.fullmatch(r"# Differences from Scrapy's scheduler\n(.+)", page, re.DOTALL)
+    assert match, "docs/differences-from-scrapy.md does not start with its title"
+    return " ".join(match.group(1).split())  # as one line: the page wraps its text
 
 
 def test_every_expected_failure_is_a_test_of_the_selection_with_a_reason() -> None:
@@ -44,7 +43,7 @@ def test_every_reason_is_a_documented_difference() -> None:
     for test_id, reason in conformance_run.read_expected().items():
         difference = reason.removeprefix(conformance_run.TIMING)
         assert difference in differences, (
-            f"{test_id}: {difference!r} is not in the README's list"
+            f"{test_id}: {difference!r} is not in the docs' list"
         )
 
 

@@ -3,9 +3,10 @@ from __future__ import annotations
 import ast
 import dataclasses
 import difflib
+import importlib.util
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from scrapy.settings import Settings
@@ -20,7 +21,24 @@ from scrapy_redisspine.settings import (
     load_config,
 )
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+if TYPE_CHECKING:
+    from types import ModuleType
+
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+
+
+def _reference_extension() -> ModuleType:
+    """docs/_ext/settings_reference.py, the Sphinx extension that writes the reference."""
+    spec = importlib.util.spec_from_file_location(
+        "settings_reference", DOCS / "_ext" / "settings_reference.py"
+    )
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_defaults() -> None:
@@ -340,10 +358,13 @@ def test_bad_fallback_url_is_rejected_naming_redis_url() -> None:
         load_config({"REDIS_URL": 6379})
 
 
-# -- the README table ----------------------------------------------------------------
+# -- no hand-written copy of the settings table -------------------------------------
+# The one table users read is the docs' settings reference, generated from SETTINGS when
+# the docs are built (tests/test_docs.py checks it has every setting with its declared
+# default). A hand-written table anywhere else is a copy that drifts, so none may exist.
 
 
-def _readme_table_rows(text: str) -> dict[str, list[str]]:
+def _table_rows(text: str) -> dict[str, list[str]]:
     """The cells after the name, by the name in the first cell of a Markdown table row."""
     rows = {}
     for line in text.splitlines():
@@ -356,9 +377,9 @@ def _readme_table_rows(text: str) -> dict[str, list[str]]:
     return rows
 
 
-def _readme_table_settings(text: str) -> set[str]:
-    """Names in the first cell of any Markdown table row of the README."""
-    return set(_readme_table_rows(text))
+def _table_settings(text: str) -> set[str]:
+    """Names in the first cell of any Markdown table row of the text."""
+    return set(_table_rows(text))
 
 
 def test_table_parser_reads_names_in_and_out_of_backticks() -> None:
@@ -368,30 +389,33 @@ def test_table_parser_reads_names_in_and_out_of_backticks() -> None:
         "| REDISSPINE_SERIALIZER | msgpack | how |\n"
         "REDISSPINE_KEEP_ALIVE is mentioned in prose only.\n"
     )
-    assert _readme_table_settings(text) == {"REDISSPINE_PERSIST", "REDISSPINE_SERIALIZER"}
+    assert _table_settings(text) == {"REDISSPINE_PERSIST", "REDISSPINE_SERIALIZER"}
 
 
-def test_every_setting_is_in_the_readme_table() -> None:
-    documented = _readme_table_settings(README.read_text("utf-8"))
-    missing = [setting.name for setting in SETTINGS if setting.name not in documented]
-    assert not missing, f"settings missing from the README's settings table: {missing}"
+def test_the_readme_has_no_settings_table() -> None:
+    assert _table_settings(README.read_text("utf-8")) == set()
 
 
-def test_readme_table_names_no_unknown_setting() -> None:
-    documented = _readme_table_settings(README.read_text("utf-8"))
-    unknown = documented - set(DEFAULTS)
-    assert not unknown, f"README documents settings that do not exist: {sorted(unknown)}"
+def test_no_docs_page_has_a_hand_written_settings_table() -> None:
+    pages = sorted(DOCS.glob("*.md"))
+    assert DOCS / "settings.md" in pages
+    copies = {page.name: sorted(found) for page in pages
+              if (found := _table_settings(page.read_text("utf-8")))}
+    assert copies == {}, f"settings tables written by hand (a copy that drifts): {copies}"
 
 
-def test_readme_table_gives_the_declared_defaults() -> None:
-    # The README is the one place users read defaults; it must not drift from SETTINGS.
-    rows = _readme_table_rows(README.read_text("utf-8"))
+def test_the_generated_reference_lists_only_declared_settings() -> None:
+    # What test_docs.py checks row by row, seen through this file's parser: the same
+    # names, no unknown one, each with its declared default.
+    rows = _table_rows(_reference_extension().settings_table())
+    assert list(rows) == [setting.name for setting in SETTINGS]
+    assert set(rows) <= set(DEFAULTS)
     wrong = {
         setting.name: rows[setting.name][0]
         for setting in SETTINGS
         if ast.literal_eval(rows[setting.name][0].strip("`")) != setting.default
     }
-    assert not wrong, f"README defaults that differ from SETTINGS: {wrong}"
+    assert not wrong, f"reference defaults that differ from SETTINGS: {wrong}"
 
 
 def test_allowed_item_classes() -> None:

@@ -115,7 +115,7 @@ def test_a_misspelt_setting_gets_the_closest_known_name() -> None:
     assert lines == [
         (True, "unknown setting REDISSPINE_HOST_CONCURENCY: did you mean "
                "REDISSPINE_HOST_CONCURRENCY?"),
-        (True, "unknown setting REDISSPINE_NONSENSE_XYZ (see the README's table)"),
+        (True, "unknown setting REDISSPINE_NONSENSE_XYZ (see the settings reference in the docs)"),
     ]
 
 

@@ -33,7 +33,7 @@ from scrapy_redisspine.serialization import (
 )
 from tests.unit.exact import same
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+DOCS_PAGE = Path(__file__).resolve().parents[2] / "docs" / "requests-and-dedup.md"
 PARIS = zoneinfo.ZoneInfo("Europe/Paris")
 ODD_OFFSET = dt.timezone(dt.timedelta(hours=-3, minutes=-30, seconds=-15, microseconds=-7))
 
@@ -292,10 +292,10 @@ def test_wire_format_is_pinned() -> None:
     assert OBJECT_KINDS == {"item": 16, "request": 17}
 
 
-def test_readme_table_gives_every_tag_and_code() -> None:
-    text = README.read_text("utf-8")
-    section = text[text.index("### Requests travel as data"):]
-    section = section[: section.index("\n### ", 1)]
+def test_docs_table_gives_every_tag_and_code() -> None:
+    text = DOCS_PAGE.read_text("utf-8")
+    section = text[text.index("## Requests travel as data"):]
+    section = section[: section.index("\n## ", 1)]
     rows = {  # JSON tag -> msgpack code, from the rows of the section's table
         cells[-2].strip("` "): cells[-1].strip()
         for line in section.splitlines()
