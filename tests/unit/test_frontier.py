@@ -265,13 +265,22 @@ class TestPriorityKey:
     def test_sorts_higher_priorities_first(self) -> None:
         priorities = [2**40, 2**31 - 1, 1_000_000, 5, 1, 0, -1, -5, -(2**31), -(2**40)]
         keys = [priority_key(p) for p in priorities]
-        assert all(len(key) == PRIORITY_KEY_LENGTH and key.isdigit() for key in keys)
+        assert all(len(key) == PRIORITY_KEY_LENGTH and key.isascii() for key in keys)
+        assert all(":" <= key[0] <= "~" and "!" <= min(key[1:]) for key in keys)
         assert keys == sorted(keys)
         assert len(set(keys)) == len(keys) - 2, "beyond 32 bits priorities are clamped"
 
     def test_clamps_to_32_bits(self) -> None:
-        assert priority_key(2**40) == priority_key(2**31 - 1) == "0000000000"
-        assert priority_key(-(2**40)) == priority_key(-(2**31)) == "4294967295"
+        assert priority_key(2**40) == priority_key(2**31 - 1) == ":!!!!"  # 0
+        assert priority_key(-(2**40)) == priority_key(-(2**31)) == 'q""|J'  # 2**32 - 1
+        assert priority_key(0) == "UPP}d"
+
+    def test_every_key_sorts_as_its_number(self) -> None:
+        priorities = sorted({*range(-300, 300), *(2**k for k in range(32)),
+                             *(-(2**k) for k in range(32)), *(94**k - 1 for k in range(1, 5))},
+                            reverse=True)
+        keys = [priority_key(p) for p in priorities]
+        assert keys == sorted(keys) and len(set(keys)) == len(keys)
 
     def test_split_member_round_trip(self) -> None:
         key = "000000000000042"
