@@ -1047,3 +1047,67 @@ def test_concurrent_processes_lease_each_request_exactly_once(redis_url: str) ->
                 process.kill()
     assert all(process.exitcode == 0 for process in processes)
     _check_exactly_once(redis_url, payloads, by_worker)
+
+
+def _as_old_member(member: bytes) -> bytes:
+    """``member`` as the code before issue 19 wrote it: a 10-digit priority key (the
+    payload stays: old map payloads are covered in test_payload_golden.py)."""
+    sep = member.index(b"\0")
+    key = member[sep + 1:sep + 6].decode()
+    priority = next(p for p in range(-10, 11) if priority_key(p) == key)
+    return member[:sep + 1] + b"%010d" % (2**31 - 1 - priority) + member[sep + 6:]
+
+
+class TestMembersOfEarlierVersions:
+    """A queue written before issue 19 (10-digit priority keys) beside new members:
+    leased (old ones first, each kind in priority order), acked, requeued by a sweep
+    and dead-lettered as members of its own lane, put back exactly as they were."""
+
+    def _mixed(self, wide: Frontier, client: redis.Redis, keys: CrawlKeys) -> None:
+        wide.enqueue([NewRequest(b"old-low", b"f1", priority=-1, lane="a.example"),
+                      NewRequest(b"old-high", b"f2", priority=5, lane="a.example"),
+                      NewRequest(b"new-low", b"f3", priority=-1, lane="a.example"),
+                      NewRequest(b"new-high", b"f4", priority=5, lane="a.example")])
+        for member in client.zrange(keys.queue, 0, -1):
+            if b"old-" in member:  # same lane, order key and payload: the counts hold
+                client.zrem(keys.queue, member)
+                client.zadd(keys.queue, {_as_old_member(member): 0})
+
+    def test_leased_old_first_then_acked(
+        self, wide: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        self._mixed(wide, client, crawl_keys)
+        leases = wide.lease(10).leases
+        assert [lease.payload for lease in leases] == [b"old-high", b"old-low", b"new-high",
+                                                       b"new-low"]
+        assert {lease.lane for lease in leases} == {"a.example"}
+        assert wide.ack([lease.handle for lease in leases]) == 4
+        assert client.zcard(crawl_keys.queue) == client.hlen(crawl_keys.inflight) == 0
+        assert not client.hgetall(crawl_keys.backlog)
+
+    def test_requeued_by_a_sweep_as_they_were(
+        self, wide: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        self._mixed(wide, client, crawl_keys)
+        queued = sorted(client.zrange(crawl_keys.queue, 0, -1))
+        assert sum(member.split(b"\0")[1][:10].isdigit() for member in queued) == 2
+        wide.lease(10)
+        assert _sweep_as_dead(wide, client, crawl_keys) == 4
+        assert sorted(client.zrange(crawl_keys.queue, 0, -1)) == queued
+
+    def test_dead_lettered_in_their_lane_released_and_reinjected_as_they_were(
+        self, wide: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        self._mixed(wide, client, crawl_keys)
+        queued = sorted(client.zrange(crawl_keys.queue, 0, -1))
+        first, *rest = wide.lease(10).leases
+        assert wide.bury(first.handle, BURY_REASON) == 1
+        (letter,) = wide.upkeep.dead_letters()
+        assert (letter.lane, letter.payload, letter.reason) == ("a.example", b"old-high",
+                                                                 BURY_REASON)
+        assert wide.release([lease.handle for lease in rest]) == 3
+        assert sorted(client.zrange(crawl_keys.queue, 0, -1)) == [
+            member for member in queued if b"old-high" not in member]
+        assert wide.upkeep.reinject_dead([letter.field]) == 1
+        assert sorted(client.zrange(crawl_keys.queue, 0, -1)) == queued
+        assert [lease.payload for lease in wide.lease(10).leases][:1] == [b"old-high"]
