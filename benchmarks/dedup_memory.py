@@ -169,12 +169,16 @@ def _requests(salt: str, count: int, duplicates: float) -> list[NewRequest]:
     return [NewRequest(payload + b"%d" % i, fingerprint) for i, fingerprint in enumerate(prints)]
 
 
+#: The filters the throughput is measured on: "bloom" is the Lua bitmap.
+FILTER_BACKENDS = {"bloom": "bitmap", "redisbloom": "redisbloom"}
+
+
 def _mode_setup(client: redis.Redis, mode: str, prefill: int) -> tuple[Frontier, Dedup]:
     if mode == "set":
         record = fresh_record(client, f"tp-{mode}", backend="none")
     else:
-        record = fresh_record(client, f"tp-{mode}", set_max_fingerprints=0, backend="bitmap",
-                              capacity=10_000_000)
+        record = fresh_record(client, f"tp-{mode}", set_max_fingerprints=0,
+                              backend=FILTER_BACKENDS[mode], capacity=10_000_000)
         record.maintain()
     for batch in fingerprints("prefill", prefill):
         record.add(batch)
@@ -184,8 +188,10 @@ def _mode_setup(client: redis.Redis, mode: str, prefill: int) -> tuple[Frontier,
 def measure_throughput(
     client: redis.Redis, batches: int, reps: int, prefill: int
 ) -> dict[str, Any]:
-    """Best of ``reps`` interleaved runs, so both modes see the same machine load."""
-    setups = {mode: _mode_setup(client, mode, prefill) for mode in ("set", "bloom")}
+    """Best of ``reps`` interleaved runs, so all modes see the same machine load
+    (RedisBloom's ``redisbloom`` when the server has BF.*)."""
+    modes = ["set", "bloom"] + (["redisbloom"] if has_redisbloom(client, "bench:probe") else [])
+    setups = {mode: _mode_setup(client, mode, prefill) for mode in modes}
     naive = client.register_script(NAIVE_BLOOM)
     client.setbit("bench:naive", 110_000_000, 0)
     best: dict[str, float] = {}
@@ -223,15 +229,18 @@ def measure_throughput(
             naive(keys=["bench:naive"], args=[110_000_000, 7, *prints[i : i + BATCH]])
         record_best("check_naive_server_us_per_batch",
                     client.info("commandstats")["cmdstat_evalsha"]["usec_per_call"])
-    for mix in ("fresh", "crawl_mix"):
-        best[f"enqueue_{mix}_ratio_server"] = (
-            best[f"enqueue_{mix}_set_server_us_per_batch"]
-            / best[f"enqueue_{mix}_bloom_server_us_per_batch"])
-        best[f"enqueue_{mix}_ratio_client"] = (
-            best[f"enqueue_{mix}_bloom_client_requests_per_s"]
-            / best[f"enqueue_{mix}_set_client_requests_per_s"])
-    best["check_ratio_server"] = (best["check_set_server_us_per_batch"]
-                                  / best["check_bloom_server_us_per_batch"])
+    for mode, suffix in (("bloom", ""), ("redisbloom", "_redisbloom")):
+        if mode not in setups:
+            continue
+        for mix in ("fresh", "crawl_mix"):
+            best[f"enqueue_{mix}_ratio_server{suffix}"] = (
+                best[f"enqueue_{mix}_set_server_us_per_batch"]
+                / best[f"enqueue_{mix}_{mode}_server_us_per_batch"])
+            best[f"enqueue_{mix}_ratio_client{suffix}"] = (
+                best[f"enqueue_{mix}_{mode}_client_requests_per_s"]
+                / best[f"enqueue_{mix}_set_client_requests_per_s"])
+        best[f"check_ratio_server{suffix}"] = (best["check_set_server_us_per_batch"]
+                                               / best[f"check_{mode}_server_us_per_batch"])
     best["check_naive_ratio_server"] = (best["check_set_server_us_per_batch"]
                                         / best["check_naive_server_us_per_batch"])
     return best
@@ -251,6 +260,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--loadmodule", help="a Redis module to load (e.g. redisbloom.so)")
     parser.add_argument("--json", help="also write the results to this file")
     parser.add_argument("--small", action="store_true", help="tiny sizes: a smoke run")
+    parser.add_argument("--throughput-only", action="store_true",
+                        help="measure only the enqueue throughput (part 4)")
     args = parser.parse_args(argv)
     if args.small:
         args.set_size, args.bloom_capacity, args.bloom_items = 3000, 3000, 3000
@@ -267,6 +278,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "machine": f"{platform.machine()} {os.cpu_count()} CPUs, {platform.platform()}",
             "python": platform.python_version(),
         }
+        if args.throughput_only:
+            results["throughput"] = measure_throughput(client, args.batches, args.reps,
+                                                       args.prefill)
+            client.close()
+            return results
         results["set"], record = measure_set(client, args.set_size)
         results["switch"] = measure_switch(client, record, args.set_size, args.chunk_size)
         client.flushall()
@@ -284,6 +300,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def report(results: dict[str, Any]) -> str:
     lines = [f"redis {results['redis_version']} on {results['machine']}"]
+    if "set" not in results:
+        return "\n".join(lines + _throughput_lines(results["throughput"]))
     s = results["set"]
     lines.append(f"SET mode: {s['fingerprints']:,} fingerprints, used_memory "
                  f"+{s['used_memory_bytes']:,} B = {s['bytes_per_url']:.1f} B/URL "
@@ -307,7 +325,11 @@ def report(results: dict[str, Any]) -> str:
                 f"{b['observed_false_positive_rate']:.4%}; layers {b['layer_counts']}")
     if "bloom_redisbloom" not in results:
         lines.append("Bloom (redisbloom): not measured, the server has no BF.* commands")
-    t = results["throughput"]
+    return "\n".join(lines + _throughput_lines(results["throughput"]))
+
+
+def _throughput_lines(t: dict[str, Any]) -> list[str]:
+    lines: list[str] = []
     for mix in ("fresh", "crawl_mix"):
         lines.append(
             f"enqueue {mix} (100/batch): SET {t[f'enqueue_{mix}_set_server_us_per_batch']:.0f} "
@@ -316,13 +338,24 @@ def report(results: dict[str, Any]) -> str:
             f"{t[f'enqueue_{mix}_set_client_requests_per_s']:,.0f} vs "
             f"{t[f'enqueue_{mix}_bloom_client_requests_per_s']:,.0f} req/s "
             f"(ratio {t[f'enqueue_{mix}_ratio_client']:.2f})")
+    if "enqueue_fresh_ratio_server_redisbloom" in t:
+        for mix in ("fresh", "crawl_mix"):
+            lines.append(
+                f"enqueue {mix} (100/batch), RedisBloom: "
+                f"{t[f'enqueue_{mix}_redisbloom_server_us_per_batch']:.0f} us/batch (server "
+                f"ratio {t[f'enqueue_{mix}_ratio_server_redisbloom']:.2f}); client "
+                f"{t[f'enqueue_{mix}_redisbloom_client_requests_per_s']:,.0f} req/s (ratio "
+                f"{t[f'enqueue_{mix}_ratio_client_redisbloom']:.2f})")
+        lines.append(f"dedup check alone, RedisBloom: "
+                     f"{t['check_redisbloom_server_us_per_batch']:.0f} us (ratio "
+                     f"{t['check_ratio_server_redisbloom']:.2f})")
     lines.append(
         f"dedup check alone (100/batch, server): SET {t['check_set_server_us_per_batch']:.0f} us, "
         f"Bloom {t['check_bloom_server_us_per_batch']:.0f} us (ratio "
         f"{t['check_ratio_server']:.2f}), naive GETBIT/SETBIT "
         f"{t['check_naive_server_us_per_batch']:.0f} us (ratio "
         f"{t['check_naive_ratio_server']:.2f})")
-    return "\n".join(lines)
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:

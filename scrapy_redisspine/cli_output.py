@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from scrapy_redisspine.serialization import SerializationError, loads_any
+from scrapy_redisspine.compact import loads_request
+from scrapy_redisspine.serialization import SerializationError
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -17,7 +18,7 @@ _FLEET_TOTALS = ("response_received_count", "item_scraped_count", "log_count/ERR
 def describe_payload(payload: bytes) -> str:
     """``METHOD URL`` of a stored request, or what is wrong with it."""
     try:
-        data = loads_any(payload)
+        data = loads_request(payload)
     except SerializationError:
         return f"<{len(payload)} undecodable bytes>"
     return f"{data.get('method', 'GET')} {data.get('url')}"

@@ -39,9 +39,11 @@ key                        type    written by                      lifetime
 ``P:crawls``               SET     register (script)               until purged
 =========================  ======  ==============================  =====================
 
-- ``queue``: score 0; member = lane, NUL, 10-digit priority key, 15-digit order key,
-  serialized request. A lex range holds one lane's requests: highest priority first,
-  then FIFO (or LIFO, with complemented order keys).
+- ``queue``: score 0; member = lane, NUL, 5-character priority key (10 digits in
+  members queued by earlier versions, still read: ``members.py``), 15-digit order key,
+  serialized request (``compact.py``: its URL, then its callback and a map of the
+  rest). A lex range holds one lane's requests: highest priority first, then FIFO (or
+  LIFO, with complemented order keys).
 - ``hosts``: lane -> time (ms) it may next be leased; holds the lanes with queued
   requests and a free slot. ``busy``: lane -> requests in flight fleet-wide.
   ``backlog``: lane -> requests queued. ``host_next``: lane -> end of its last fetch

@@ -1,8 +1,15 @@
 """The queue member format, Python side (``scripts/lib/member.lua`` is the Lua side).
 
-A queue member is ``lane \0 priority key (10 digits) order key (15 digits) payload``;
+A queue member is ``lane \0 priority key (5 characters) order key (15 digits) payload``;
 every member has score 0, so one lex range of the queue ZSET is one lane's queue,
-highest priority first, then FIFO or LIFO by order key. Enqueue builds members in
+highest priority first, then FIFO or LIFO by order key.
+
+The priority key is the complemented 32-bit priority written in five characters that
+sort as bytes: a first one from ``:`` up (69 symbols) and four from ``!`` to ``~``
+(94 symbols). Members queued before issue 19 carry a 10-digit priority key instead; a
+digit sorts before ``:``, so the first byte tells the two apart, and in a lane that
+holds both the old ones are leased first. Five bytes less in every queued member: the
+queue stores one member per request. Enqueue builds members in
 Lua (the order number comes from ``seq`` in the same atomic step); the frontier reads
 them here. ``tests/unit/test_members.py`` runs both sides against each other, so the
 two definitions cannot drift apart.
@@ -10,12 +17,16 @@ two definitions cannot drift apart.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import NamedTuple
 
 ORDER_KEY_LENGTH = 15
-PRIORITY_KEY_LENGTH = 10
+PRIORITY_KEY_LENGTH = 5
+#: The priority key of members queued before issue 19: 10 digits.
+OLD_PRIORITY_KEY_LENGTH = 10
 
 _PRIORITY_MAX = 2**31 - 1
+_FIRST_SYMBOL, _SYMBOL, _SYMBOLS = 0x3A, 0x21, 94  # ":" sorts after every digit
 #: LIFO order keys are this minus the request's number: later requests sort first,
 #: and the complement keeps 15 digits.
 LIFO_TOP = 10**ORDER_KEY_LENGTH - 1
@@ -30,10 +41,22 @@ class MemberParts(NamedTuple):
     payload: bytes
 
 
+@lru_cache(maxsize=4096)  # a crawl uses few priorities, and every request needs one
 def priority_key(priority: int) -> str:
-    """10 digits that sort the higher priority first (clamped to 32 bits)."""
+    """5 characters that sort the higher priority first (clamped to 32 bits)."""
     clamped = max(-_PRIORITY_MAX - 1, min(_PRIORITY_MAX, priority))
-    return f"{_PRIORITY_MAX - clamped:010d}"
+    value, chars = _PRIORITY_MAX - clamped, []
+    for _ in range(PRIORITY_KEY_LENGTH - 1):
+        value, symbol = divmod(value, _SYMBOLS)
+        chars.append(chr(_SYMBOL + symbol))
+    chars.append(chr(_FIRST_SYMBOL + value))  # value < 56 here: 2**32 / 94**4
+    return "".join(reversed(chars))
+
+
+def _order_key_start(member: bytes, sep: int) -> int:
+    """Where the order key starts: after a 10-digit (old) or 5-character priority key."""
+    old = sep + 1 < len(member) and member[sep + 1] < _FIRST_SYMBOL
+    return sep + 1 + (OLD_PRIORITY_KEY_LENGTH if old else PRIORITY_KEY_LENGTH)
 
 
 def order_key(number: int, lifo: bool = False) -> str:
@@ -52,7 +75,7 @@ def build_member(lane: str, priority_key: str, order_key: str, payload: bytes) -
 def parse_member(member: bytes) -> MemberParts:
     """All parts of a queue member; ValueError if it has no NUL after its lane."""
     sep = member.index(b"\0")
-    start = sep + 1 + PRIORITY_KEY_LENGTH
+    start = _order_key_start(member, sep)
     return MemberParts(
         member[:sep].decode("utf-8", "replace"),
         member[sep + 1:start].decode("ascii"),
@@ -65,7 +88,7 @@ def split_member(member: bytes) -> tuple[str, str, bytes]:
     """(lane, order key, payload) of a queue member: the lease path's reader, which
     skips the priority key (it has no use for it, and each lease pays for this)."""
     sep = member.index(b"\0")
-    start = sep + 1 + PRIORITY_KEY_LENGTH
+    start = _order_key_start(member, sep)
     return (
         member[:sep].decode("utf-8", "replace"),
         member[start:start + ORDER_KEY_LENGTH].decode("ascii"),

@@ -23,7 +23,8 @@ from scrapy.http.request import NO_CALLBACK
 from scrapy.utils.misc import load_object
 
 from scrapy_redisspine._items import ItemClasses
-from scrapy_redisspine.serialization import SerializationError, Serializer, loads_any
+from scrapy_redisspine.compact import dumps_request, loads_request
+from scrapy_redisspine.serialization import SerializationError, Serializer
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
@@ -95,13 +96,13 @@ class RequestCodec:
         if callback_name is not None:
             data["callback"] = callback_name
         try:
-            return self.serializer.dumps(data, self)
+            return dumps_request(data, self.serializer, self)
         except SerializationError as exc:
             raise RequestEncodeError(self._explain(request, data, exc)) from exc
 
     def decode(self, payload: bytes) -> Request:
         try:
-            data = loads_any(payload, self)
+            data = loads_request(payload, self)
         except SerializationError as exc:
             raise RequestDecodeError(str(exc)) from exc
         return self._from_dict(data)

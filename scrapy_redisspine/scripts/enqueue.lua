@@ -228,7 +228,43 @@ local statuses = {}
 local to_add = {}
 local lanes, added = {}, {} -- the lanes of this batch, and requests added to each
 local queued = {} -- lane -> requests queued before this batch (read when capped)
-for i = 0, n_requests - 1 do
+if backlog_cap == 0 then
+    -- No cap: no status depends on an earlier request's, so the batch's fingerprints
+    -- go to the dedup together (one BF.MADD with RedisBloom: lib/dedup.lua).
+    local checks, checked = {}, {} -- fingerprints to check, and their requests
+    for i = 1, n_requests do
+        local base = first_request + 5 * (i - 1)
+        local flags = ARGV[base]
+        statuses[i] = "+"
+        if string.find(flags, "s", 1, true) and redis.call("SADD", starts, ARGV[base + 1]) == 0 then
+            statuses[i] = "s"
+        elseif string.find(flags, "f", 1, true) then
+            checks[#checks + 1], checked[#checked + 1] = ARGV[base + 1], i
+        end
+    end
+    local news = dedup_add_all(checks)
+    for j = 1, #checked do
+        if news[j] == 0 then
+            statuses[checked[j]] = "d"
+        end
+    end
+    for i = 1, n_requests do
+        local base = first_request + 5 * (i - 1)
+        local lane = ARGV[base + 2]
+        if not added[lane] then
+            lanes[#lanes + 1] = lane
+            added[lane] = 0
+        end
+        if statuses[i] == "+" then
+            to_add[#to_add + 1] = base
+            added[lane] = added[lane] + 1
+        end
+    end
+end
+-- With a cap, one request at a time: a dropped request must not reach the dedup (it
+-- would be taken for seen when found again), and whether it is dropped depends on
+-- how many of the batch's earlier requests of its lane were new.
+for i = 0, backlog_cap > 0 and n_requests - 1 or -1 do
     local base = first_request + 5 * i
     local flags, fingerprint, lane = ARGV[base], ARGV[base + 1], ARGV[base + 2]
     local status = "+"

@@ -18,8 +18,8 @@ Returns { statuses, repairs }: a string with one character per fingerprint, "1" 
 -- #include numbers
 local seen, dedup, bloom = KEYS[1], KEYS[2], KEYS[3]
 dedup_init(seen, dedup, bloom)
-local statuses = {}
-for i = 1, #ARGV do
-    statuses[i] = dedup_add(ARGV[i]) == 1 and "1" or "0"
+local statuses = dedup_add_all(ARGV)
+for i = 1, #statuses do
+    statuses[i] = statuses[i] == 1 and "1" or "0"
 end
 return { table.concat(statuses), numbers_repairs() }

@@ -28,7 +28,7 @@ ARGV[1]  epoch        the caller's crawl epoch (lib/crawl.lua)
 ARGV[2]  owner        worker id
 ARGV[3]  concurrency  most requests of one lane in flight fleet-wide
 ARGV[4]  lane         the lane whose slot to take
-ARGV[5]  priority     the request's priority key (10 digits)
+ARGV[5]  priority     the request's priority key (members.py: 5 characters)
 ARGV[6]  payload      the marker naming the request
 
 Returns { order key, token, wait_ms, repairs }: the lease (order key "" when the

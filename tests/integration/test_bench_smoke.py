@@ -1,8 +1,8 @@
 """CI smoke runs of the benchmarks: tiny sizes, ours only, completeness not speed.
 
 Keeps ``benchmarks/crawl_compare.py`` (and the latency proxy it uses for the
-remote-Redis runs), ``scheduler_micro.py`` and ``micro_breakdown.py`` from rotting:
-every reachable page fetched once, every queued request taken back.
+remote-Redis runs), ``scheduler_micro.py``, ``micro_breakdown.py`` and ``queue_memory.py``
+from rotting: every reachable page fetched once, every queued request taken back.
 """
 
 from __future__ import annotations
@@ -64,3 +64,14 @@ def test_scheduler_micro_benchmark_smoke() -> None:
     report = json.loads(out.stdout.strip().splitlines()[-1])
     assert report["server_scripts_us"] > 0
     assert report["send_and_lease_us"] > 0
+
+
+@pytest.mark.e2e
+def test_queue_memory_benchmark_smoke() -> None:
+    # every request queued, its member in the compact form (a plain GET: its URL)
+    command = [sys.executable, str(ROOT / "benchmarks" / "queue_memory.py"), "--n", "300"]
+    out = subprocess.run(command, check=True, capture_output=True, text=True, timeout=120)
+    report = json.loads(out.stdout.splitlines()[0])
+    assert report["keys"]["queue"]["bytes_per_request"] > 0
+    assert report["used_memory_bytes_per_request"] > 0
+    assert report["member_example"].endswith("http://h0.example/p/300'")

@@ -22,8 +22,9 @@ from scrapy.settings import Settings
 import scrapy_redisspine._items as items_module
 from scrapy_redisspine._items import ItemClasses
 from scrapy_redisspine.cli_output import describe_payload
+from scrapy_redisspine.compact import loads_request
 from scrapy_redisspine.request_codec import RequestCodec, RequestDecodeError, RequestEncodeError
-from scrapy_redisspine.serialization import Serializer, StoredObject, get_serializer, loads_any
+from scrapy_redisspine.serialization import Serializer, StoredObject, get_serializer
 from tests.unit.exact import same
 
 if TYPE_CHECKING:
@@ -218,7 +219,7 @@ class TestNestedRequests:
     def test_nested_plain_request_leaves_its_defaults_out(self, codec: RequestCodec) -> None:
         payload = codec.encode(Request("http://example.com/a",
                                        meta={"next": Request("http://example.com/b")}))
-        nested = loads_any(payload)["meta"]["next"]
+        nested = loads_request(payload)["meta"]["next"]
         assert (nested.kind, nested.parts) == ("request", {"url": "http://example.com/b"})
 
     def test_nested_request_with_a_lambda_callback_is_refused_when_stored(

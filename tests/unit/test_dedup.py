@@ -173,6 +173,20 @@ class TestContract:
         record.add([second])
         assert frontier.enqueue([NewRequest(b"b", second)]).statuses == "d"
 
+    @pytest.mark.parametrize("backlog_cap", [0, 100])  # a batch at once, one at a time
+    def test_enqueue_of_a_mixed_batch(
+        self, record: Dedup, client: redis.Redis, backlog_cap: int
+    ) -> None:
+        frontier = Frontier(client, KEYS, "w1", backlog_cap=backlog_cap)
+        seen, new, start, other = fps(4, "mixed")
+        record.add([seen])
+        batch = [NewRequest(b"1", new), NewRequest(b"2", seen), NewRequest(b"3", new),
+                 NewRequest(b"4", start, is_start=True), NewRequest(b"5", start, is_start=True),
+                 NewRequest(b"6", seen, dont_filter=True), NewRequest(b"7", other),
+                 NewRequest(b"8", other, dont_filter=True)]
+        assert frontier.enqueue(batch).statuses == "+dd+s+++"
+        assert record.add([new, start, other]) == [False] * 3
+
     def test_dont_filter_bypasses_the_record_and_leaves_it_alone(
         self, record: Dedup, client: redis.Redis
     ) -> None:

@@ -265,13 +265,23 @@ class TestPriorityKey:
     def test_sorts_higher_priorities_first(self) -> None:
         priorities = [2**40, 2**31 - 1, 1_000_000, 5, 1, 0, -1, -5, -(2**31), -(2**40)]
         keys = [priority_key(p) for p in priorities]
-        assert all(len(key) == PRIORITY_KEY_LENGTH and key.isdigit() for key in keys)
+        assert all(len(key) == PRIORITY_KEY_LENGTH and key.isascii() for key in keys)
+        assert all(":" <= key[0] <= "~" and min(key[1:]) >= "!" for key in keys)
         assert keys == sorted(keys)
         assert len(set(keys)) == len(keys) - 2, "beyond 32 bits priorities are clamped"
 
     def test_clamps_to_32_bits(self) -> None:
-        assert priority_key(2**40) == priority_key(2**31 - 1) == "0000000000"
-        assert priority_key(-(2**40)) == priority_key(-(2**31)) == "4294967295"
+        assert priority_key(2**40) == priority_key(2**31 - 1) == ":!!!!"  # 0
+        assert priority_key(-(2**40)) == priority_key(-(2**31)) == 'q""|J'  # 2**32 - 1
+        assert priority_key(0) == "UPP}d"
+
+    def test_every_key_sorts_as_its_number(self) -> None:
+        priorities = sorted({*range(-300, 300), *(2**k for k in range(32)),
+                             *(-(2**k) for k in range(32)), *(94**k - 1 for k in range(1, 5))},
+                            reverse=True)
+        keys = [priority_key(p) for p in priorities]
+        assert keys == sorted(keys)
+        assert len(set(keys)) == len(keys)
 
     def test_split_member_round_trip(self) -> None:
         key = "000000000000042"
@@ -1037,3 +1047,67 @@ def test_concurrent_processes_lease_each_request_exactly_once(redis_url: str) ->
                 process.kill()
     assert all(process.exitcode == 0 for process in processes)
     _check_exactly_once(redis_url, payloads, by_worker)
+
+
+def _as_old_member(member: bytes) -> bytes:
+    """``member`` as the code before issue 19 wrote it: a 10-digit priority key (the
+    payload stays: old map payloads are covered in test_payload_golden.py)."""
+    sep = member.index(b"\0")
+    key = member[sep + 1:sep + 6].decode()
+    priority = next(p for p in range(-10, 11) if priority_key(p) == key)
+    return member[:sep + 1] + b"%010d" % (2**31 - 1 - priority) + member[sep + 6:]
+
+
+class TestMembersOfEarlierVersions:
+    """A queue written before issue 19 (10-digit priority keys) beside new members:
+    leased (old ones first, each kind in priority order), acked, requeued by a sweep
+    and dead-lettered as members of its own lane, put back exactly as they were."""
+
+    def _mixed(self, wide: Frontier, client: redis.Redis, keys: CrawlKeys) -> None:
+        wide.enqueue([NewRequest(b"old-low", b"f1", priority=-1, lane="a.example"),
+                      NewRequest(b"old-high", b"f2", priority=5, lane="a.example"),
+                      NewRequest(b"new-low", b"f3", priority=-1, lane="a.example"),
+                      NewRequest(b"new-high", b"f4", priority=5, lane="a.example")])
+        for member in client.zrange(keys.queue, 0, -1):
+            if b"old-" in member:  # same lane, order key and payload: the counts hold
+                client.zrem(keys.queue, member)
+                client.zadd(keys.queue, {_as_old_member(member): 0})
+
+    def test_leased_old_first_then_acked(
+        self, wide: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        self._mixed(wide, client, crawl_keys)
+        leases = wide.lease(10).leases
+        assert [lease.payload for lease in leases] == [b"old-high", b"old-low", b"new-high",
+                                                       b"new-low"]
+        assert {lease.lane for lease in leases} == {"a.example"}
+        assert wide.ack([lease.handle for lease in leases]) == 4
+        assert client.zcard(crawl_keys.queue) == client.hlen(crawl_keys.inflight) == 0
+        assert not client.hgetall(crawl_keys.backlog)
+
+    def test_requeued_by_a_sweep_as_they_were(
+        self, wide: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        self._mixed(wide, client, crawl_keys)
+        queued = sorted(client.zrange(crawl_keys.queue, 0, -1))
+        assert sum(member.split(b"\0")[1][:10].isdigit() for member in queued) == 2
+        wide.lease(10)
+        assert _sweep_as_dead(wide, client, crawl_keys) == 4
+        assert sorted(client.zrange(crawl_keys.queue, 0, -1)) == queued
+
+    def test_dead_lettered_in_their_lane_released_and_reinjected_as_they_were(
+        self, wide: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        self._mixed(wide, client, crawl_keys)
+        queued = sorted(client.zrange(crawl_keys.queue, 0, -1))
+        first, *rest = wide.lease(10).leases
+        assert wide.bury(first.handle, BURY_REASON) == 1
+        (letter,) = wide.upkeep.dead_letters()
+        assert (letter.lane, letter.payload, letter.reason) == ("a.example", b"old-high",
+                                                                 BURY_REASON)
+        assert wide.release([lease.handle for lease in rest]) == 3
+        assert sorted(client.zrange(crawl_keys.queue, 0, -1)) == [
+            member for member in queued if b"old-high" not in member]
+        assert wide.upkeep.reinject_dead([letter.field]) == 1
+        assert sorted(client.zrange(crawl_keys.queue, 0, -1)) == queued
+        assert [lease.payload for lease in wide.lease(10).leases][:1] == [b"old-high"]

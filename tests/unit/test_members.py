@@ -95,3 +95,27 @@ def test_lua_finds_no_lane_in_a_malformed_member(client: redis.Redis, member: by
 def test_python_refuses_a_lane_with_a_nul() -> None:
     with pytest.raises(ValueError, match="NUL"):
         build_member("a\0b", priority_key(0), order_key(1), b"")
+
+
+def old_member(lane: str, priority: int, key: str, payload: bytes) -> bytes:
+    """A member as the code before issue 19 built it: a 10-digit priority key."""
+    return b"%s\0%010d%s%s" % (lane.encode(), 2**31 - 1 - priority, key.encode(), payload)
+
+
+@pytest.mark.parametrize("payload", PAYLOADS)
+def test_members_queued_before_issue_19_read_the_same_on_both_sides(
+    client: redis.Redis, payload: bytes
+) -> None:
+    for lane, priority, number in itertools.product(LANES, (0, -5, 2**31 - 1), NUMBERS):
+        key = order_key(number)
+        member = old_member(lane, priority, key, payload)
+        parts = MemberParts(lane, f"{2**31 - 1 - priority:010d}", key, payload)
+        assert parse_member(member) == parts
+        assert _lua_parts(client, member) == parts
+        assert split_member(member) == (lane, key, payload)
+
+
+def test_in_a_lane_holding_both_forms_the_old_members_sort_first() -> None:
+    old = [old_member("a", p, order_key(n), b"") for n, p in ((5, 9), (6, -9))]
+    new = [build_member("a", priority_key(p), order_key(n), b"") for n, p in ((1, 9), (2, -9))]
+    assert sorted(old + new) == old + new

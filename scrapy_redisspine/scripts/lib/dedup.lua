@@ -10,6 +10,11 @@ dedup_init(seen, dedup, bloom) -> mode, impl: the HASH's fields below (mode "set
 dedup_add(fingerprint) -> 1 when the fingerprint is new (and is now recorded),
 0 when it was seen before (or is a Bloom false positive).
 dedup_filter_add(fingerprint) -> the same for the filter alone (migrate_dedup.lua).
+dedup_add_all(fingerprints) -> a table of what dedup_add would return for each
+fingerprint in turn (a repeat within the list is seen), in fewer calls where the mode
+allows: RedisBloom in mode "bloom" takes them all in one BF.MADD per 1000 (issue 19:
+each command called from Lua costs about a microsecond of its own, the lookup itself
+less than that).
 
 The meta HASH (`dedup`) is read and checked once, by dedup_init, with the bitmap's
 type and length: a script calls it before any write of its own, so a corrupt HASH or
@@ -275,4 +280,25 @@ local function dedup_add(fingerprint)
         return 0
     end
     return dedup_filter_add(fingerprint)
+end
+
+local function dedup_add_all(fingerprints)
+    local news = {}
+    if dedup_state.mode ~= "bloom" or dedup_state.impl ~= "redisbloom" then
+        for i = 1, #fingerprints do
+            news[i] = dedup_add(fingerprints[i])
+        end
+        return news
+    end
+    local members = {}
+    for i = 1, #fingerprints do
+        members[i] = dedup_member(fingerprints[i])
+    end
+    for i = 1, #members, 1000 do
+        local replies = redis.call("BF.MADD", dedup_bloom, unpack(members, i, math.min(i + 999, #members)))
+        for j = 1, #replies do
+            news[#news + 1] = replies[j]
+        end
+    end
+    return news
 end

@@ -3,9 +3,11 @@ member library: the queue member format, built and read here alone on the Lua si
 (members.py is the Python side; tests/unit/test_members.py checks that they agree).
 Includes nothing. Needs nothing.
 
-A queue member is  lane \0 priority key (10 digits) order key (15 digits) payload ;
+A queue member is  lane \0 priority key (5 characters) order key (15 digits) payload ;
 all members have score 0, so one lex range of the queue holds a lane's requests,
 highest priority first, then FIFO (or LIFO) by order key. A lane holds no NUL byte.
+Members queued before issue 19 have a 10-digit priority key: its first byte, a digit,
+is below ":", where every 5-character key starts (members.py builds the keys).
 
 member_order_key(number, lifo) -> the 15-digit order key of the request numbered
     `number` (from `seq`); LIFO complements it, so that later requests sort first.
@@ -18,13 +20,18 @@ member_lane_at(text, first) -> the lane of the member that starts at byte `first
     no order key: for acks of members that were leased, so well formed.
 lane_range(lane) -> the ZRANGEBYLEX bounds of the lane's requests.
 ]]
-local member_format, member_find, member_match, member_sub =
-    string.format, string.find, string.match, string.sub
+local member_format, member_find, member_match, member_sub, member_byte =
+    string.format, string.find, string.match, string.sub, string.byte
 local member_lifo_top = 999999999999999 -- 10^15 - 1: complements stay 15 digits
-local member_priority_digits, member_order_digits = 10, 15
--- Where the order key lies, counted from the NUL after the lane.
-local member_key_first = member_priority_digits + 1
-local member_key_last = member_priority_digits + member_order_digits
+local member_order_digits = 15
+local member_first_symbol = 58 -- ":", the least first byte of a 5-character priority key
+
+-- Where the order key starts, counted from the NUL after the lane: after a 5-character
+-- priority key, or a 10-digit one (a member queued before issue 19).
+local function member_key_offset(member, sep)
+    local first = member_byte(member, sep + 1)
+    return (first and first < member_first_symbol) and 11 or 6
+end
 
 local function member_order_key(number, lifo)
     if lifo then
@@ -42,7 +49,8 @@ local function member_lane(member)
     if not sep then
         return nil, nil
     end
-    local key = member_sub(member, sep + member_key_first, sep + member_key_last)
+    local first = sep + member_key_offset(member, sep)
+    local key = member_sub(member, first, first + member_order_digits - 1)
     if #key ~= member_order_digits or not member_match(key, "^%d+$") then
         return nil, nil
     end
@@ -55,8 +63,9 @@ local function member_parts(member)
         return nil
     end
     local sep = #lane + 1
-    return lane, member_sub(member, sep + 1, sep + member_priority_digits), key,
-        member_sub(member, sep + member_key_last + 1)
+    local first = sep + member_key_offset(member, sep)
+    return lane, member_sub(member, sep + 1, first - 1), key,
+        member_sub(member, first + member_order_digits)
 end
 
 local function member_lane_at(text, first)
