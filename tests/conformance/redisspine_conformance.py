@@ -46,6 +46,9 @@ OUR_SCHEDULER = "scrapy_redisspine.scheduler.Scheduler"
 #: A crawl of Scrapy's tests that runs longer than this was stopped by the watchdog
 #: (seconds; the slowest test on the stock scheduler takes 3 s on this machine).
 CRAWL_TIMEOUT_SECONDS = float(os.environ.get("REDISSPINE_CONFORMANCE_CRAWL_TIMEOUT", "15"))
+#: Extra add-on settings for every crawler, as a JSON object: to see which expected
+#: failures a setting lifts (docs page "Differences from Scrapy's scheduler").
+SETTINGS_ENV = "REDISSPINE_CONFORMANCE_SETTINGS"
 
 _ids: Iterator[int] = itertools.count(1)
 _counts = {"crawlers": 0, "own_scheduler": 0, "stopped_by_watchdog": 0}
@@ -66,6 +69,8 @@ def switch_on(settings: Any, redis_url: str) -> None:
     settings.set("REDISSPINE_REDIS_URL", redis_url, priority="addon")
     crawl_id = f"conformance-{os.getpid()}-{next(_ids)}"
     settings.set("REDISSPINE_CRAWL_ID", crawl_id, priority="addon")
+    for name, value in json.loads(os.environ.get(SETTINGS_ENV) or "{}").items():
+        settings.set(name, value, priority="addon")
 
 
 def _ours(scheduler: Any) -> bool:
