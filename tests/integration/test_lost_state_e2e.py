@@ -74,7 +74,9 @@ def test_redis_restarted_empty_mid_crawl_is_never_finished(
     project_dir: Path, site_factory: Callable[..., TestSite], crawl_settings: dict[str, Any],
     worker_log_dir: Path,
 ) -> None:
-    site = site_factory(hosts=3, pages_per_host=40, latency=0.05)
+    # Slow pages: the crawl takes 8 s or more, so the restart always lands mid-crawl
+    # (with 0.05 s a loaded machine's restart once came after the last page).
+    site = site_factory(hosts=3, pages_per_host=40, latency=0.2)
     with RedisServer() as server:  # no persistence: a restart comes back empty
         settings = {**crawl_settings, **FAST, "REDISSPINE_REDIS_URL": server.url,
                     "LINKS_START_URLS": ",".join(site.start_urls())}
