@@ -37,6 +37,7 @@ EXPECTED_TYPES = {
     "queue": b"zset",
     "hosts": b"zset",
     "busy": b"hash",
+    "group_busy": b"hash",
     "backlog": b"hash",
     "host_next": b"hash",
     "host_delay": b"hash",

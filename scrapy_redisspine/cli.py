@@ -131,7 +131,7 @@ class Context:
 
     def keys(self, crawl: str) -> CrawlKeys:
         try:
-            return CrawlKeys(self.prefix, crawl)
+            return CrawlKeys(self.prefix, crawl, self.config.politeness_group)
         except ValueError as exc:
             raise CliError(str(exc)) from exc
 

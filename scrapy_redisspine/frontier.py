@@ -114,6 +114,12 @@ LeaseHandle = tuple[str, str]
 Ack = tuple[str, str, int]
 
 
+#: How soon a lease looks again at a lane whose slots other crawls of the politeness
+#: group hold (lease.lua): their acks cannot reschedule it in this crawl's ``hosts``.
+#: Short against any polite delay, long against a lease round trip: at most a few
+#: re-checks per second per such lane, and a lane freed elsewhere waits at most this.
+GROUP_RECHECK_MS = 200
+
 #: (script name, keys, args) of one script call.
 _Call = tuple[str, "Sequence[str]", list[bytes | str | int]]
 
@@ -258,7 +264,8 @@ class Frontier:
 
     def _lease_call(self, count: int) -> tuple[Sequence[str], list[bytes | str | int]]:
         return self._scripts.keys("lease"), [self.epoch, self.worker_id, count, self.concurrency,
-                                             self.page_budget, self.lane_page_limit]
+                                             self.page_budget, self.lane_page_limit,
+                                             GROUP_RECHECK_MS]
 
     def enqueue_and_lease(
         self, requests: Sequence[NewRequest], acks: Sequence[Ack | LeaseHandle], count: int,

@@ -26,6 +26,7 @@ from scrapy_redisspine._settings_checks import (
     as_optional_str,
     as_redis_url,
     as_str_tuple,
+    as_tag_text,
     as_text,
 )
 from scrapy_redisspine._settings_compat import Layered, foreign_values
@@ -171,6 +172,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("REDISSPINE_POLITENESS_KEY", "host", as_choice, (_POLITENESS_KEYS,),
             "What shares one politeness budget: `host` (exact hostname) or `domain` "
             "(registered domain via tldextract's bundled suffix list, no network)."),
+    Setting("REDISSPINE_POLITENESS_GROUP", "default", as_tag_text, (),
+            "Crawls under one key prefix in the same group share each lane's budget: "
+            "its concurrency in flight and its rest between fetches hold across all "
+            "their workers (a site sees one fleet). Give a crawl a group of its own "
+            "(e.g. its crawl id) to keep its politeness apart."),
     Setting("REDISSPINE_HOST_DELAYS", {}, as_delays, (),
             "Per-lane delay overrides in seconds, e.g. `{\"example.com\": 5}`. The "
             "default delay is Scrapy's `DOWNLOAD_DELAY`, enforced fleet-wide and counted "
@@ -296,6 +302,7 @@ class SpineConfig:
     memory_budget_bytes: int
     host_concurrency: int
     politeness_key: str
+    politeness_group: str
     host_delays: tuple[tuple[str, float], ...]
     max_crawl_delay_seconds: float
     max_retry_after_seconds: float

@@ -24,6 +24,7 @@ KEYS[15] host_next HASH   lane -> earliest next fetch (ms)    (lib/lanes.lua)
 KEYS[16] record    HASH   the crawl record: writes only while it is the caller's crawl
 KEYS[17] lane_limits HASH lane -> its own most in flight (lib/lanes.lua)
 KEYS[18] items    STREAM the crawl's items: fields class, url, item (REDISSPINE_ITEMS)
+KEYS[19] group_busy HASH  lane -> the politeness group's requests in flight (lib/lanes.lua)
 
 ARGV[1]  epoch        the caller's crawl epoch ("": a tool, no check; lib/crawl.lua)
 ARGV[2]  order        "fifo" or "lifo"
@@ -83,6 +84,7 @@ local owned, requeues = KEYS[10], KEYS[11]
 local hosts, busy, backlog, host_next = KEYS[12], KEYS[13], KEYS[14], KEYS[15]
 local seen, dedup, bloom, record = KEYS[3], KEYS[8], KEYS[9], KEYS[16]
 local lane_limits, items = KEYS[17], KEYS[18]
+local group_busy = KEYS[19]
 local epoch, order, owner = ARGV[1], ARGV[2], ARGV[3]
 local n_acks, concurrency, backlog_cap = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local items_cap, items_bytes, n_loose = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
@@ -100,7 +102,8 @@ end
 local n_requests = (#ARGV - first_request + 1) / 5
 -- First: a corrupt dedup HASH or a key of the wrong type fails before any write (seq
 -- is repaired whatever it holds, lib/numbers.lua).
-lanes_init(queue, hosts, busy, backlog, host_next, concurrency, clock_ms(), lane_limits)
+lanes_init(queue, hosts, busy, backlog, host_next, concurrency, clock_ms(), lane_limits,
+           group_busy)
 local any_requeues = n_acks > 0 and key_exists(requeues, "hash")
 if n_acks > 0 then
     keys_expect(leases, "zset", owned, "zset") -- the lanes' HASHes: read before the acks

@@ -55,6 +55,7 @@ def test_defaults() -> None:
         "memory_budget_bytes": 0,
         "host_concurrency": 1,
         "politeness_key": "host",
+        "politeness_group": "default",
         "host_delays": (),
         "max_crawl_delay_seconds": 60.0,
         "max_retry_after_seconds": 600.0,
