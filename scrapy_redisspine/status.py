@@ -5,8 +5,8 @@ after a fixed number of fields, so ``status`` never blocks Redis on a large craw
 counts come from ZCARD/HLEN, the top hosts from one bounded HSCAN of ``backlog``.
 
 Keys read: queue, inflight, dead, stats, fleet_stats, worker_stats, workers,
-progress, backlog, busy, hosts, host_next, host_delay, lane_limits, seen, dedup,
-bloom, control, record.
+progress, backlog, busy, group_busy, hosts, host_next, host_delay, lane_limits, seen,
+dedup, bloom, control, record.
 """
 
 from __future__ import annotations
@@ -130,7 +130,8 @@ def _hosts(
     pipe.zmscore(keys.hosts, lanes)
     pipe.hmget(keys.host_next, lanes)
     pipe.hmget(keys.host_delay, lanes)
-    busy, due, rest, delay = pipe.execute()
+    pipe.hmget(keys.group_busy, lanes)
+    busy, due, rest, delay, group_busy = pipe.execute()
     rows = []
     for i, lane in enumerate(lanes):
         next_ms = max(_number(due[i]), _number(rest[i]))
@@ -138,6 +139,8 @@ def _hosts(
             "lane": lane,
             "backlog": backlog[lane],
             "busy": int(_number(busy[i])),
+            # the politeness group's, this crawl's included (other crawls share the lane)
+            "group_busy": int(_number(group_busy[i])),
             "next_due_in_seconds": round(max(0.0, next_ms - now_ms) / 1000, 1),
             "crawl_delay_seconds": float(_number(delay[i])) if delay[i] is not None else None,
         })

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from scrapy_redisspine.frontier import GROUP_RECHECK_MS, Frontier, NewRequest
 from scrapy_redisspine.keys import CrawlKeys
+from scrapy_redisspine.status import read_status
 
 if TYPE_CHECKING:
     import redis
@@ -175,3 +176,10 @@ class TestFreedByUpkeep:
         assert not client.exists(CRAWL_A.group_busy)
         _wait_recheck()
         assert len(b.lease(10).leases) == 1
+
+
+def test_status_shows_the_groups_count_beside_the_crawls(client: redis.Redis) -> None:
+    a, b = _two_crawls(client, concurrency=2)
+    assert len(a.lease(1).leases) == len(b.lease(1).leases) == 1
+    rows = {row["lane"]: row for row in read_status(client, CRAWL_B)["hosts"]}
+    assert (rows[LANE]["busy"], rows[LANE]["group_busy"]) == (1, 2)
