@@ -58,6 +58,7 @@ EXPECTED_TYPES = {
     "record": b"hash",
     "starting": b"zset",
     "lane_limits": b"hash",
+    "lane_throttle": b"hash",
     "lane_pages": b"hash",
     "items": b"stream",
 }

@@ -17,11 +17,14 @@ from scrapy_redisspine._guard import CALL_ERRORS
 from scrapy_redisspine.politeness import DelayPolicy, make_lane_function
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from scrapy import Request, Spider
     from scrapy.statscollectors import StatsCollector
 
     from scrapy_redisspine._guard import RedisGuard
     from scrapy_redisspine._leasebook import Finished, LeaseBook
+    from scrapy_redisspine._results import Throttled
     from scrapy_redisspine.frontier import Frontier
     from scrapy_redisspine.settings import SpineConfig
 
@@ -50,6 +53,7 @@ class HostPolicy:
             config.download_delay_jitter, config.max_crawl_delay_seconds,
         )
         self.lane_limits = {slot: limit for slot, limit, _ in config.download_slots if limit}
+        self.throttle_debug = config.autothrottle is not None and config.autothrottle.debug
         self._frontier = frontier
         self._guard = guard
         self._book = book
@@ -90,6 +94,23 @@ class HostPolicy:
         """A Retry-After answer: the lane rests this long after the request's ack."""
         if self._book.block(request, int(seconds * 1000)):
             self._stats.inc_value("redisspine/politeness/retry_after")
+
+    def observe(self, request: Request, latency_seconds: float, status: int) -> None:
+        """A response's download latency: its ack carries it to the lane's fleet-wide
+        AutoThrottle delay (``scripts/lib/throttle.lua``)."""
+        self._book.sample(request, max(int(latency_seconds * 1000), 0), status)
+
+    def throttled(self, steps: Sequence[Throttled]) -> None:
+        """AUTOTHROTTLE_DEBUG: one line per step of a lane's fleet-wide delay, in the
+        shape of Scrapy's own AutoThrottle lines."""
+        if not self.throttle_debug:
+            return
+        for step in steps:
+            logger.info(
+                "redisspine autothrottle: lane: %s | delay:%5d ms (%+d) | latency:%5d ms | "
+                "status: %d (fleet-wide)", step.lane, step.new_ms, step.new_ms - step.old_ms,
+                step.latency_ms, step.status,
+            )
 
     def learn_crawl_delay(self, url: str, seconds: float) -> None:
         """A robots.txt Crawl-delay: used here at once, shared through Redis."""

@@ -71,6 +71,7 @@ def join(config: SpineConfig, crawl_id: str, spider: str, worker_id: str) -> Joi
         items_max_bytes=config.items_max_bytes,
         page_budget=0 if config.closespider_per_process else config.closespider_pagecount,
         lane_page_limit=config.host_page_limit,
+        throttle=config.autothrottle, min_delay_ms=int(config.download_delay * 1000),
     )
     try:
         frontier.upkeep.check_key_types()

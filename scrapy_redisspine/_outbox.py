@@ -56,8 +56,9 @@ class _EveryMinute:
         self._last = now
         return True
 
-#: (order key, token, rest of its lane in ms, clock time when the request was done)
-PendingAck = tuple[str, str, int, float]
+#: (order key, token, rest of its lane in ms, clock time when the request was done,
+#: its download latency in ms or -1, its response's status or 0: AutoThrottle's sample)
+PendingAck = tuple[str, str, int, float, int, int]
 
 
 class Enqueuer(Protocol):
@@ -164,10 +165,11 @@ class Outbox:
         self.flush_soon(within)
 
     def add_ack(self, handle: LeaseHandle, rest_ms: int, within: float,
-                items: Sequence[StreamItem] = ()) -> None:
+                items: Sequence[StreamItem] = (), sample: tuple[int, int] = (-1, 0)) -> None:
         """Buffer the ack of a finished lease whose lane rests ``rest_ms`` from now,
-        with the items its callback produced."""
-        self._acks.append((handle[0], handle[1], rest_ms, self._clock.seconds()))
+        with the items its callback produced and its AutoThrottle ``sample`` (latency
+        ms, status; -1: none)."""
+        self._acks.append((handle[0], handle[1], rest_ms, self._clock.seconds(), *sample))
         self._ack_items.append(tuple(items))
         self._items_waiting += len(items)
         self.flush_soon(within)
@@ -369,6 +371,7 @@ def ack_args(acks: Sequence[PendingAck], now: float) -> list[Ack]:
     ack waited in the buffer comes off it (less 1 ms, what Redis's ms clock may
     lose to rounding: a rest is never cut short)."""
     return [
-        (key, token, rest_ms - min(rest_ms, max(0, int((now - done) * 1000) - 1)))
-        for key, token, rest_ms, done in acks
+        (key, token, rest_ms - min(rest_ms, max(0, int((now - done) * 1000) - 1)),
+         latency_ms, status)
+        for key, token, rest_ms, done, latency_ms, status in acks
     ]

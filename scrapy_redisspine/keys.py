@@ -39,6 +39,7 @@ key                        type    written by                      lifetime
 ``P:{C}:record``           HASH    register, mark_finished, purge  whole crawl
 ``P:{C}:starting``         ZSET    register, heartbeat             while start() runs
 ``P:{g:G}:lane_limits``    HASH    workers (DOWNLOAD_SLOTS)        the group's life
+``P:{g:G}:lane_throttle``  HASH    ack (enqueue script)            the group's life
 ``P:{C}:lane_pages``       HASH    lease (script)                  whole crawl
 ``P:{C}:items``            STREAM  enqueue (script, with acks)     whole crawl
 ``P:crawls``               SET     register (script)               until purged
@@ -115,7 +116,12 @@ key                        type    written by                      lifetime
   (``feed_done`` removes what a worker enqueued). Named by the user, so it carries
   no prefix and, unless the name includes ``{crawl id}``, not the crawl's hash tag
   (:func:`feed_key`).
-- The group keys (``group_busy``, ``host_next``, ``host_delay``, ``lane_limits``) belong
+- ``lane_throttle``: lane -> its AutoThrottle delay (ms), with Scrapy's
+  ``AUTOTHROTTLE_ENABLED``: moved by every ack that carries a download latency
+  (lib/throttle.lua), by the workers of every crawl of the group; each ack rests its
+  lane at least this long.
+- The group keys (``group_busy``, ``host_next``, ``host_delay``, ``lane_limits``,
+  ``lane_throttle``) belong
   to no crawl: a purge or flush of one crawl takes its own in-flight counts out of
   ``group_busy`` and leaves the rest to the group's other crawls.
 - ``P:crawls`` is the other key outside a crawl's hash tag: the set of crawl ids on this
@@ -132,7 +138,7 @@ _FORBIDDEN_IN_ID = "{}"
 #: share each lane's budget (REDISSPINE_POLITENESS_GROUP).
 DEFAULT_GROUP = "default"
 #: The names of the group keys among CrawlKeys' properties (they carry ``{g:group}``).
-GROUP_KEY_NAMES = ("group_busy", "host_next", "host_delay", "lane_limits")
+GROUP_KEY_NAMES = ("group_busy", "host_next", "host_delay", "lane_limits", "lane_throttle")
 
 
 @dataclass(frozen=True)
@@ -266,6 +272,10 @@ class CrawlKeys:
     @property
     def lane_limits(self) -> str:
         return self._group_key("lane_limits")
+
+    @property
+    def lane_throttle(self) -> str:
+        return self._group_key("lane_throttle")
 
     @property
     def lane_pages(self) -> str:

@@ -368,6 +368,7 @@ class Scheduler(BaseScheduler):
         self.outbox.add_ack(
             finished.handle, self.hosts.rest_ms(finished), self.config.ack_flush_seconds,
             self.items.take(request) if self.items is not None else (),
+            sample=(finished.latency_ms, finished.status),
         )
 
     def _dropped(self, request: Request) -> None:
@@ -379,6 +380,8 @@ class Scheduler(BaseScheduler):
             )
 
     def _on_sent(self, result: EnqueueResult) -> None:
+        if result.throttled:
+            self.hosts.throttled(result.throttled)
         self.fleet.work_added()
         self.leaser.expect_work()
         if result.enqueued and self.engine is not None:

@@ -35,7 +35,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
 __all__ = [
-    "DEFAULTS", "SETTINGS", "ConfigError", "Setting", "SpineConfig", "known_names", "load_config",
+    "DEFAULTS", "SETTINGS", "ConfigError", "Setting", "SpineConfig", "Throttle", "known_names",
+    "load_config",
 ]
 
 PREFIX = "REDISSPINE_"
@@ -263,13 +264,25 @@ def known_names() -> frozenset[str]:
 
 
 @dataclass(frozen=True)
+class Throttle:
+    """Scrapy's AutoThrottle settings, for the fleet-wide rule (``scripts/enqueue.lua``):
+    a lane's delay moves toward latency / ``target_concurrency``, starting at
+    ``start_delay``, between ``DOWNLOAD_DELAY`` and ``max_delay`` (seconds)."""
+
+    start_delay: float
+    max_delay: float
+    target_concurrency: float
+    debug: bool
+
+
+@dataclass(frozen=True)
 class SpineConfig:
     """The plugin's settings, checked and typed; built by :func:`load_config` only.
 
     No field has a default: the defaults live in :data:`SETTINGS`, and a second copy
     here could drift from it. The fields follow the declarations one to one, besides
-    ``download_delay``, ``download_delay_jitter`` and ``download_slots``, read from
-    Scrapy's own settings.
+    ``download_delay``, ``download_delay_jitter``, ``download_slots``, ``autothrottle``
+    and the ``closespider_*`` limits, read from Scrapy's own settings.
     Redis scripts count time in whole milliseconds; the ``*_ms`` properties convert
     once, here, so every caller rounds alike.
     """
@@ -327,6 +340,8 @@ class SpineConfig:
     download_delay_jitter: float
     #: Scrapy's DOWNLOAD_SLOTS: (slot, its concurrency or 0, its delay or -1)
     download_slots: tuple[tuple[str, int, float], ...]
+    #: Scrapy's AUTOTHROTTLE_* settings, applied fleet-wide per lane (None: off)
+    autothrottle: Throttle | None
     #: Scrapy's CLOSESPIDER_PAGECOUNT, _ITEMCOUNT, _ERRORCOUNT (0: none), _TIMEOUT (s)
     closespider_pagecount: int
     closespider_itemcount: int
@@ -371,6 +386,7 @@ def load_config(settings: Mapping[str, Any]) -> SpineConfig:
     values.update(_download_delay(settings))
     values["download_slots"] = _download_slots(settings.get("DOWNLOAD_SLOTS"))
     values.update(_closespider(settings))
+    values["autothrottle"] = _autothrottle(settings)
     config = SpineConfig(**values)
     _check_bloom_plan(config)
     _check_migration_chunk(config)
@@ -397,6 +413,31 @@ def _download_delay(settings: Mapping[str, Any]) -> dict[str, float]:
         "download_delay": as_number("DOWNLOAD_DELAY", 0 if delay is None else delay, float, 0),
         "download_delay_jitter": as_number("DOWNLOAD_DELAY_JITTER", jitter, float, 0),
     }
+
+
+#: Scrapy's defaults of its AUTOTHROTTLE_* settings (default_settings.py), for a
+#: mapping that lacks them (tests, tools).
+_AUTOTHROTTLE_DEFAULTS = {"START_DELAY": 5.0, "MAX_DELAY": 60.0, "TARGET_CONCURRENCY": 1.0}
+
+
+def _autothrottle(settings: Mapping[str, Any]) -> Throttle | None:
+    """Scrapy's own AUTOTHROTTLE_* settings: with AUTOTHROTTLE_ENABLED every lane's
+    delay adapts fleet-wide (the add-on switches Scrapy's per-process one off)."""
+    enabled = settings.get("AUTOTHROTTLE_ENABLED")
+    if enabled is None or not as_bool("AUTOTHROTTLE_ENABLED", enabled):
+        return None
+    numbers = {}
+    for name, default in _AUTOTHROTTLE_DEFAULTS.items():
+        raw = settings.get(f"AUTOTHROTTLE_{name}")
+        numbers[name] = as_number(f"AUTOTHROTTLE_{name}", default if raw is None else raw,
+                                  float, 0)
+    if numbers["TARGET_CONCURRENCY"] <= 0:
+        raise ConfigError("AUTOTHROTTLE_TARGET_CONCURRENCY must be above 0, got "
+                          f"{numbers['TARGET_CONCURRENCY']!r}")
+    debug = settings.get("AUTOTHROTTLE_DEBUG")
+    return Throttle(numbers["START_DELAY"], numbers["MAX_DELAY"],
+                    numbers["TARGET_CONCURRENCY"],
+                    debug is not None and as_bool("AUTOTHROTTLE_DEBUG", debug))
 
 
 def _closespider(settings: Mapping[str, Any]) -> dict[str, Any]:
