@@ -71,7 +71,7 @@ class Setting:
 
 _SERIALIZERS = ("msgpack", "json")
 _ORDERS = ("fifo", "lifo")
-_POLITENESS_KEYS = ("host", "domain")
+_POLITENESS_KEYS = ("host", "domain", "ip")
 _BLOOM_BACKENDS = ("auto", "redisbloom", "bitmap", "none")
 _MAX_MIGRATION_CHUNK = 5000  # Lua's C stack bounds unpack() of one chunk
 
@@ -171,8 +171,10 @@ SETTINGS: tuple[Setting, ...] = (
             "Most requests to one politeness lane (host or domain) in flight at once, "
             "fleet-wide."),
     Setting("REDISSPINE_POLITENESS_KEY", "host", as_choice, (_POLITENESS_KEYS,),
-            "What shares one politeness budget: `host` (exact hostname) or `domain` "
-            "(registered domain via tldextract's bundled suffix list, no network)."),
+            "What shares one politeness budget: `host` (exact hostname), `domain` "
+            "(registered domain via tldextract's bundled suffix list, no network) or "
+            "`ip` (the host's IP address, as Scrapy's `CONCURRENT_REQUESTS_PER_IP`: "
+            "resolved once per name and worker through Scrapy's resolver, cached)."),
     Setting("REDISSPINE_POLITENESS_GROUP", "default", as_tag_text, (),
             "Crawls under one key prefix in the same group share each lane's budget: "
             "its concurrency in flight and its rest between fetches hold across all "
