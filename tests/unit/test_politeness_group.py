@@ -183,3 +183,20 @@ def test_status_shows_the_groups_count_beside_the_crawls(client: redis.Redis) ->
     assert len(a.lease(1).leases) == len(b.lease(1).leases) == 1
     rows = {row["lane"]: row for row in read_status(client, CRAWL_B)["hosts"]}
     assert (rows[LANE]["busy"], rows[LANE]["group_busy"]) == (1, 2)
+
+
+def test_the_lease_repair_of_counts_with_nothing_in_flight_spares_the_other_crawls(
+    client: redis.Redis,
+) -> None:
+    """Crawl a's busy count says 2 with nothing in flight (garbage, or counts gone
+    wrong): the lease's repair drops it, and takes exactly those 2 out of the group,
+    leaving crawl b's lease counted."""
+    a, b = _two_crawls(client, concurrency=3)
+    b.lease(1)
+    client.hset(CRAWL_A.busy, LANE, 2)
+    client.hincrby(CRAWL_A.group_busy, LANE, 2)
+    client.delete(CRAWL_A.hosts)  # no lane scheduled: the repair's case
+    assert a.lease(10).leases == []  # nothing due: the repair runs
+    assert client.hget(CRAWL_A.busy, LANE) is None
+    assert client.hget(CRAWL_A.group_busy, LANE) == b"1", "crawl b's lease is still counted"
+    assert len(a.lease(10).leases) == 2, "rescheduled: 3 slots, 1 held by crawl b"
