@@ -163,6 +163,9 @@ COMMANDS: dict[str, tuple[Callable[[Context, argparse.Namespace], int], str]] = 
     "dead-letters": (cli_commands.cmd_dead_letters,
                      "list dead letters with their reasons, or drop them for good"),
     "requeue-dead": (cli_commands.cmd_requeue_dead, "put dead letters back in the queue"),
+    "sweep": (cli_commands.cmd_sweep,
+              "requeue the leases of dead workers now (a crawl none of whose workers "
+              "runs any more: its lanes' slots go back to the politeness group)"),
     "export": (cli_export.cmd_export,
                "write the crawl's items (REDISSPINE_ITEMS) to a file, resuming where the "
                "last export to it stopped"),
