@@ -37,6 +37,7 @@ EXPECTED_TYPES = {
     "queue": b"zset",
     "hosts": b"zset",
     "busy": b"hash",
+    "group_busy": b"hash",
     "backlog": b"hash",
     "host_next": b"hash",
     "host_delay": b"hash",
@@ -57,6 +58,7 @@ EXPECTED_TYPES = {
     "record": b"hash",
     "starting": b"zset",
     "lane_limits": b"hash",
+    "lane_throttle": b"hash",
     "lane_pages": b"hash",
     "items": b"stream",
 }

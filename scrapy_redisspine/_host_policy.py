@@ -11,18 +11,22 @@ once and shared through Redis.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from scrapy_redisspine._guard import CALL_ERRORS
 from scrapy_redisspine.politeness import DelayPolicy, make_lane_function
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
     from scrapy import Request, Spider
     from scrapy.statscollectors import StatsCollector
 
     from scrapy_redisspine._guard import RedisGuard
     from scrapy_redisspine._leasebook import Finished, LeaseBook
+    from scrapy_redisspine._results import Throttled
     from scrapy_redisspine.frontier import Frontier
+    from scrapy_redisspine.ip_lanes import IpLanes
     from scrapy_redisspine.settings import SpineConfig
 
 logger = logging.getLogger("scrapy_redisspine.scheduler")
@@ -39,9 +43,15 @@ class HostPolicy:
         guard: RedisGuard,
         book: LeaseBook,
         stats: StatsCollector,
+        *,
+        ip_lanes: IpLanes | None = None,
     ) -> None:
+        """``ip_lanes`` (with ``REDISSPINE_POLITENESS_KEY = "ip"``) maps hostnames to
+        their addresses without blocking; without it "ip" resolves as tools do."""
         self.politeness_key = config.politeness_key
-        self.lane = make_lane_function(config.politeness_key)
+        by_address = config.politeness_key == "ip" and ip_lanes is not None
+        self._ip_lanes = ip_lanes if by_address else None
+        self.lane = make_lane_function("host" if by_address else config.politeness_key)
         # Scrapy's DOWNLOAD_SLOTS name lanes (hosts, or meta["download_slot"] values);
         # REDISSPINE_HOST_DELAYS wins where both give a lane's delay.
         slot_delays = {slot: delay for slot, _, delay in config.download_slots if delay >= 0}
@@ -50,18 +60,32 @@ class HostPolicy:
             config.download_delay_jitter, config.max_crawl_delay_seconds,
         )
         self.lane_limits = {slot: limit for slot, limit, _ in config.download_slots if limit}
+        self.throttle_debug = config.autothrottle is not None and config.autothrottle.debug
         self._frontier = frontier
         self._guard = guard
         self._book = book
         self._stats = stats
 
-    def lane_of(self, request: Request) -> str:
+    def lane_of(self, request: Request) -> str | None:
         """A request's politeness lane: its ``meta["download_slot"]`` if it has one
-        (Scrapy's own way to share a slot), else its host (or domain)."""
+        (Scrapy's own way to share a slot), else its host (or domain, or address).
+        None: its host's address is not known yet (:meth:`lane_later`)."""
         slot = request.meta.get("download_slot")
         if isinstance(slot, str) and slot:
             return slot.replace("\0", "?")  # NUL ends a lane in a queue member
-        return self.lane(request.url)
+        return self._url_lane(request.url)
+
+    def _url_lane(self, url: str) -> str | None:
+        lane = self.lane(url)
+        if self._ip_lanes is None or not lane:
+            return lane
+        return self._ip_lanes.lane(lane)
+
+    def lane_later(self, request: Request, done: Callable[[str], None]) -> None:
+        """``done(lane)`` once the request's host is resolved (lanes by IP)."""
+        assert self._ip_lanes is not None, "only lanes by IP wait for a lane"
+        self._ip_lanes.later(self.lane(request.url), done)
+
 
     def share_lane_limits(self) -> None:
         """Tell the fleet the lanes that have a concurrency of their own."""
@@ -91,11 +115,28 @@ class HostPolicy:
         if self._book.block(request, int(seconds * 1000)):
             self._stats.inc_value("redisspine/politeness/retry_after")
 
+    def observe(self, request: Request, latency_seconds: float, status: int) -> None:
+        """A response's download latency: its ack carries it to the lane's fleet-wide
+        AutoThrottle delay (``scripts/lib/throttle.lua``)."""
+        self._book.sample(request, max(int(latency_seconds * 1000), 0), status)
+
+    def throttled(self, steps: Sequence[Throttled]) -> None:
+        """AUTOTHROTTLE_DEBUG: one line per step of a lane's fleet-wide delay, in the
+        shape of Scrapy's own AutoThrottle lines."""
+        if not self.throttle_debug:
+            return
+        for step in steps:
+            logger.info(
+                "redisspine autothrottle: lane: %s | delay:%5d ms (%+d) | latency:%5d ms | "
+                "status: %d (fleet-wide)", step.lane, step.new_ms, step.new_ms - step.old_ms,
+                step.latency_ms, step.status,
+            )
+
     def learn_crawl_delay(self, url: str, seconds: float) -> None:
         """A robots.txt Crawl-delay: used here at once, shared through Redis."""
-        lane = self.lane(url)
+        lane = self._url_lane(url)
         if not lane or self.delays.knows(lane):
-            return
+            return  # (by IP: a host not resolved yet learns it from its next robots.txt)
         kept = self.delays.learn(lane, seconds)
         self._stats.inc_value("redisspine/politeness/crawl_delays_learned")
         logger.info(
@@ -111,3 +152,26 @@ class HostPolicy:
         """A lease told this lane's Crawl-delay, learned by another worker."""
         if crawl_delay is not None and not self.delays.knows(lane):
             self.delays.learn(lane, crawl_delay)
+
+
+def scrapy_ip_lanes(stats: StatsCollector) -> IpLanes:
+    """Lanes by IP through Scrapy's resolver: the one ``DNS_RESOLVER`` installed on the
+    reactor (so a project's own resolver decides, as for its downloads), read from
+    Scrapy's DNS cache first. Failures are counted (IpLanes logs them)."""
+    from scrapy.resolver import dnscache
+    from twisted.internet import reactor
+
+    from scrapy_redisspine.ip_lanes import IpLanes
+
+    def peek(hostname: str) -> str | None:
+        cached = dnscache.get(hostname)
+        return cached if isinstance(cached, str) else None
+
+    def failed(hostname: str, error: BaseException) -> None:
+        del hostname, error
+        stats.inc_value("redisspine/politeness/ip_unresolved")
+
+    def resolve(hostname: str) -> Any:
+        return reactor.resolve(hostname)  # type: ignore[arg-type]
+
+    return IpLanes(resolve, peek, failed)

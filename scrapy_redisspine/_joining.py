@@ -66,12 +66,13 @@ def join(config: SpineConfig, crawl_id: str, spider: str, worker_id: str) -> Joi
     """Connect, check the crawl's keys and register this worker; or refuse."""
     connection = _connect(config, crawl_id, worker_id)
     frontier = Frontier(
-        connection.client, CrawlKeys(config.key_prefix, crawl_id), worker_id,
-        config.queue_order, concurrency=config.host_concurrency,
+        connection.client, CrawlKeys(config.key_prefix, crawl_id, config.politeness_group),
+        worker_id, config.queue_order, concurrency=config.host_concurrency,
         backlog_cap=config.host_backlog_cap, items_cap=config.items_max_count,
         items_max_bytes=config.items_max_bytes,
         page_budget=0 if config.closespider_per_process else config.closespider_pagecount,
         lane_page_limit=config.host_page_limit,
+        throttle=config.autothrottle, min_delay_ms=int(config.download_delay * 1000),
     )
     try:
         frontier.upkeep.check_key_types()

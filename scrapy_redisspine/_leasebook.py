@@ -5,7 +5,8 @@ then *handed out* (the engine downloads and processes it) until the engine is do
 with it, when its ack goes to the outbox. Redis holds every one of them in the
 crawl's in-flight HASH all along; this book is the worker's side of that record: it
 knows, for each, the fencing handle an ack or a release must present, its
-politeness lane, and a Retry-After block its response asked for.
+politeness lane, a Retry-After block its response asked for, and (with AutoThrottle)
+its download latency and status, the sample its ack carries to the fleet.
 
 No Redis and no Scrapy here: the book is data, kept by the scheduler's parts.
 """
@@ -29,6 +30,8 @@ class Finished:
     handle: LeaseHandle
     lane: str
     block_ms: int  # a Retry-After block (0: none)
+    latency_ms: int = -1  # its download latency, for AutoThrottle (-1: no sample)
+    status: int = 0  # its response's status (0: none)
 
 
 class LeaseBook:
@@ -43,6 +46,7 @@ class LeaseBook:
         self._handed_out: dict[Request, LeaseHandle] = {}
         self._lanes: dict[str, str] = {}  # order key -> politeness lane
         self._blocks: dict[str, int] = {}  # order key -> Retry-After block (ms)
+        self._samples: dict[str, tuple[int, int]] = {}  # order key -> latency ms, status
 
     @property
     def ready(self) -> int:
@@ -76,6 +80,14 @@ class LeaseBook:
         self._blocks[handle[0]] = milliseconds
         return True
 
+    def sample(self, request: Request, latency_ms: int, status: int) -> bool:
+        """The request's response came in this fast (AutoThrottle); False if not ours."""
+        handle = self._handed_out.get(request)
+        if handle is None:
+            return False
+        self._samples[handle[0]] = (latency_ms, status)
+        return True
+
     def finish(self, request: Request) -> Finished | None:
         """The engine is done with ``request``; None if this book never handed it out
         (e.g. robots.txt, fetched through ``engine.download()``)."""
@@ -83,7 +95,9 @@ class LeaseBook:
         if handle is None:
             return None
         key = handle[0]
-        return Finished(handle, self._lanes.pop(key, ""), self._blocks.pop(key, 0))
+        latency_ms, status = self._samples.pop(key, (-1, 0))
+        return Finished(handle, self._lanes.pop(key, ""), self._blocks.pop(key, 0),
+                        latency_ms, status)
 
     def known_keys(self) -> list[str]:
         """Order keys of every lease the book holds (ready or handed out)."""
@@ -98,6 +112,7 @@ class LeaseBook:
         for key, _ in handles:
             self._lanes.pop(key, None)
             self._blocks.pop(key, None)
+            self._samples.pop(key, None)
         return handles
 
     def take_all(self) -> list[LeaseHandle]:
@@ -107,4 +122,5 @@ class LeaseBook:
         self._handed_out.clear()
         self._lanes.clear()
         self._blocks.clear()
+        self._samples.clear()
         return handles

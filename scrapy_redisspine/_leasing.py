@@ -178,7 +178,7 @@ class Leaser:
 
     def _sending(self) -> bool:
         """Is there something to send, and may it be sent now?"""
-        return not self._outbox.empty and self._guard.available("enqueue")
+        return self._outbox.sendable and self._guard.available("enqueue")
 
     def _send_and_lease(self, count: int) -> tuple[LeaseBatch | None, bool]:
         """Lease, sending the outbox and acks first in the same round trip.

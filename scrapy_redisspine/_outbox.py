@@ -56,8 +56,9 @@ class _EveryMinute:
         self._last = now
         return True
 
-#: (order key, token, rest of its lane in ms, clock time when the request was done)
-PendingAck = tuple[str, str, int, float]
+#: (order key, token, rest of its lane in ms, clock time when the request was done,
+#: its download latency in ms or -1, its response's status or 0: AutoThrottle's sample)
+PendingAck = tuple[str, str, int, float, int, int]
 
 
 class Enqueuer(Protocol):
@@ -129,6 +130,10 @@ class Outbox:
         self._shed_log = _EveryMinute(clock)
         self._shed_unreported = 0  # requests shed that the fleet does not know of yet
         self._items_log = _EveryMinute(clock)
+        # Requests on their way in whose lane is not known yet (lanes by IP, waiting
+        # for their host's address): while any is, no ack leaves, since it may be the
+        # ack of their parent.
+        self._holds = 0
 
     # -- what waits --------------------------------------------------------------------
 
@@ -143,7 +148,23 @@ class Outbox:
     @property
     def empty(self) -> bool:
         return (not self._requests and not self._acks and not self._loose
-                and not self._shed_unreported)
+                and not self._shed_unreported and not self._holds)
+
+    @property
+    def sendable(self) -> bool:
+        """Is there anything a send would take now (held acks wait)?"""
+        return bool(self._requests or self._loose or self._shed_unreported
+                    or (self._acks and not self._holds))
+
+    def hold(self) -> None:
+        """A request is on its way whose lane is not known yet: acks wait for it."""
+        self._holds += 1
+
+    def release_hold(self) -> None:
+        """That request is in the buffer now (:meth:`add`); acks may go again."""
+        self._holds = max(self._holds - 1, 0)
+        if not self._holds and self._acks:
+            self.flush_soon(0.0)
 
     @property
     def items(self) -> int:
@@ -164,10 +185,11 @@ class Outbox:
         self.flush_soon(within)
 
     def add_ack(self, handle: LeaseHandle, rest_ms: int, within: float,
-                items: Sequence[StreamItem] = ()) -> None:
+                items: Sequence[StreamItem] = (), sample: tuple[int, int] = (-1, 0)) -> None:
         """Buffer the ack of a finished lease whose lane rests ``rest_ms`` from now,
-        with the items its callback produced."""
-        self._acks.append((handle[0], handle[1], rest_ms, self._clock.seconds()))
+        with the items its callback produced and its AutoThrottle ``sample`` (latency
+        ms, status; -1: none)."""
+        self._acks.append((handle[0], handle[1], rest_ms, self._clock.seconds(), *sample))
         self._ack_items.append(tuple(items))
         self._items_waiting += len(items)
         self.flush_soon(within)
@@ -204,6 +226,8 @@ class Outbox:
         """Send what waits unless Redis is backing off; True if nothing is left."""
         if self.empty:
             return True
+        if not self.sendable:
+            return False  # held acks: release_hold() flushes
         if not self._guard.available("enqueue"):
             return False
         try:
@@ -217,7 +241,7 @@ class Outbox:
     def flush(self) -> None:
         """Send the buffers in one atomic round trip; raises what Redis raised."""
         self.report_shed()
-        if self.empty:
+        if not self.sendable:
             return
         sending = self.sending()
         self.sent(sending, self._frontier.enqueue(sending.entries, sending.ack_args,
@@ -233,8 +257,8 @@ class Outbox:
 
     def sending(self) -> Sending:
         """The buffers as the frontier takes them, for a send of its own."""
-        requests, acks = self._requests, self._acks
-        items = list(self._ack_items) if self._items_waiting else []  # one per ack
+        requests, acks = self._requests, [] if self._holds else self._acks
+        items = list(self._ack_items) if self._items_waiting and acks else []  # one per ack
         return Sending(requests, acks, [entry for entry, _ in requests],
                        ack_args(acks, self._clock.seconds()), items, list(self._loose))
 
@@ -369,6 +393,7 @@ def ack_args(acks: Sequence[PendingAck], now: float) -> list[Ack]:
     ack waited in the buffer comes off it (less 1 ms, what Redis's ms clock may
     lose to rounding: a rest is never cut short)."""
     return [
-        (key, token, rest_ms - min(rest_ms, max(0, int((now - done) * 1000) - 1)))
-        for key, token, rest_ms, done in acks
+        (key, token, rest_ms - min(rest_ms, max(0, int((now - done) * 1000) - 1)),
+         latency_ms, status)
+        for key, token, rest_ms, done, latency_ms, status in acks
     ]

@@ -80,6 +80,34 @@ class LeaseBatch:
 
 
 @dataclass(frozen=True)
+class Throttled:
+    """One AutoThrottle step of a lane's fleet-wide delay (AUTOTHROTTLE_DEBUG logs it)."""
+
+    lane: str
+    old_ms: float
+    new_ms: float
+    latency_ms: int
+    status: int
+
+
+def _milliseconds(value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def _throttled(flat: Any) -> tuple[Throttled, ...]:
+    if not isinstance(flat, list):
+        return ()
+    return tuple(
+        Throttled(text(flat[i]), _milliseconds(flat[i + 1]), _milliseconds(flat[i + 2]),
+                  int(_milliseconds(flat[i + 3])), number(flat[i + 4]))
+        for i in range(0, len(flat) - 4, 5)
+    )
+
+
+@dataclass(frozen=True)
 class EnqueueResult:
     """Per request: ``+`` enqueued, ``d`` duplicate, ``s`` start already injected,
     ``c`` dropped because its lane's backlog is at the cap."""
@@ -89,6 +117,7 @@ class EnqueueResult:
     repairs: Repairs = ()
     items_written: int = 0  # items of applied acks (and loose ones) now in the stream
     items_shed: int = 0  # items the stream's cap refused
+    throttled: tuple[Throttled, ...] = ()  # AutoThrottle's steps, one per sample
 
     @property
     def enqueued(self) -> int:
@@ -219,9 +248,9 @@ def count_result(reply: Any) -> Count:
 
 
 def enqueue_result(reply: Any) -> EnqueueResult:
-    statuses, acked, written, shed, repairs = fields(reply, 5)
+    statuses, acked, written, shed, repairs, throttled = fields(reply, 6)
     return EnqueueResult(text(statuses), number(acked), repairs_of(repairs), number(written),
-                         number(shed))
+                         number(shed), _throttled(throttled))
 
 
 def lease_batch(reply: Any) -> LeaseBatch:

@@ -76,6 +76,15 @@ def as_key_template(name: str, value: Any) -> str:
     return text
 
 
+def as_tag_text(name: str, value: Any) -> str:
+    """A name that becomes a Redis Cluster hash tag (``{g:<name>}``): not empty, no
+    braces (they would end the tag early and scatter the keys over slots)."""
+    text = str(value)
+    if not text or "{" in text or "}" in text:
+        raise ConfigError(f"{name} must be a non-empty name without braces; got {value!r}")
+    return text
+
+
 def as_optional_str(name: str, value: Any) -> str | None:
     if value is None or value == "":
         return None

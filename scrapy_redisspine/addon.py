@@ -7,7 +7,9 @@ totals (each worker's stats growth summed in Redis), the
 politeness downloader middleware (Retry-After and robots.txt Crawl-delay, shared
 fleet-wide), the start-requests spider middleware and, with ``REDISSPINE_ITEMS``,
 the fleet items extension (``fleet_items``) and the fleet-wide limits
-(``limits``).
+(``limits``). It switches Scrapy's own AutoThrottle extension off: with
+``AUTOTHROTTLE_ENABLED`` each lane's delay adapts fleet-wide in Redis instead
+(``scripts/lib/throttle.lua``), and a per-process throttle on top would stack.
 
 Only the commands that crawl join the fleet: ``scrapy crawl`` and ``scrapy runspider``
 (and any program running a ``CrawlerProcess``). ``scrapy shell``, ``fetch``, ``view``,
@@ -93,6 +95,11 @@ class Addon:
 
         # Off when REDISSPINE_FEED_KEY is "" (NotConfigured).
         settings.setdefault_in_component_priority_dict("EXTENSIONS", FeedDrain, 540)
+        from scrapy.extensions.throttle import AutoThrottle
+
+        # Always off: with AUTOTHROTTLE_ENABLED the fleet throttles each lane in Redis
+        # (the middleware below feeds it), and Scrapy's per-process one would stack.
+        settings.set_in_component_priority_dict("EXTENSIONS", AutoThrottle, None)
         # After RetryMiddleware (550) on the way in: sees 429/503 before it retries.
         settings.setdefault_in_component_priority_dict("DOWNLOADER_MIDDLEWARES", Politeness, 560)
         from scrapy_redisspine.startmw import StartRequests

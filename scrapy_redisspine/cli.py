@@ -131,7 +131,7 @@ class Context:
 
     def keys(self, crawl: str) -> CrawlKeys:
         try:
-            return CrawlKeys(self.prefix, crawl)
+            return CrawlKeys(self.prefix, crawl, self.config.politeness_group)
         except ValueError as exc:
             raise CliError(str(exc)) from exc
 
@@ -163,6 +163,9 @@ COMMANDS: dict[str, tuple[Callable[[Context, argparse.Namespace], int], str]] = 
     "dead-letters": (cli_commands.cmd_dead_letters,
                      "list dead letters with their reasons, or drop them for good"),
     "requeue-dead": (cli_commands.cmd_requeue_dead, "put dead letters back in the queue"),
+    "sweep": (cli_commands.cmd_sweep,
+              "requeue the leases of dead workers now (a crawl none of whose workers "
+              "runs any more: its lanes' slots go back to the politeness group)"),
     "export": (cli_export.cmd_export,
                "write the crawl's items (REDISSPINE_ITEMS) to a file, resuming where the "
                "last export to it stopped"),

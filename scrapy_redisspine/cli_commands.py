@@ -181,6 +181,20 @@ def cmd_requeue_dead(ctx: CommandContext, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sweep(ctx: CommandContext, args: argparse.Namespace) -> int:
+    """What a live worker's sweep does, once, from outside: a crawl whose workers all
+    died holds its lanes' slots in the politeness group until someone sweeps it."""
+    config = ctx.config
+    result = ctx.frontier(ctx.existing(args.crawl)).upkeep.requeue_stale(
+        timeout_ms=config.worker_timeout_ms, ceiling_ms=config.lease_ceiling_ms,
+        max_requeues=config.max_requeues, rest_ms=int(config.download_delay * 1000),
+    )
+    print(f"swept {args.crawl!r}: {result.requeued} lease(s) requeued, "
+          f"{result.dead_lettered} dead-lettered, {result.workers_removed} dead worker(s) "
+          "removed")
+    return 0
+
+
 def cmd_purge(ctx: CommandContext, args: argparse.Namespace) -> int:
     keys = ctx.existing(args.crawl)
     if not args.yes:

@@ -145,9 +145,13 @@ def render_status(status: dict[str, Any]) -> str:
     if status["hosts"]:
         lines += ["", "top hosts by backlog:"]
         lines += _table(
-            ["lane", "backlog", "busy", "next due", "crawl-delay"],
-            [[h["lane"] or "(no host)", h["backlog"], h["busy"], f"{h['next_due_in_seconds']}s",
-              "-" if h["crawl_delay_seconds"] is None else f"{h['crawl_delay_seconds']}s"]
+            ["lane", "backlog", "busy", "group busy", "next due", "crawl-delay",
+             "autothrottle"],
+            [[h["lane"] or "(no host)", h["backlog"], h["busy"], h["group_busy"],
+              f"{h['next_due_in_seconds']}s",
+              "-" if h["crawl_delay_seconds"] is None else f"{h['crawl_delay_seconds']}s",
+              "-" if h["autothrottle_delay_seconds"] is None
+              else f"{h['autothrottle_delay_seconds']}s"]
              for h in status["hosts"]],
         )
     if status["errors"]:

@@ -130,7 +130,7 @@ class RedisDupeFilter(BaseDupeFilter):
                 raise RuntimeError("RedisDupeFilter needs REDISSPINE_CRAWL_ID or a spider name")
             self._own_connection = WorkerConnection.open(self.config, crawl_id, new_worker_id())
             self._client = self._own_connection.client
-            self._keys = CrawlKeys(self.config.key_prefix, crawl_id)
+            self._keys = CrawlKeys(self.config.key_prefix, crawl_id, self.config.politeness_group)
         self.dedup = Dedup(self._client, self._keys, DedupParams.from_config(self.config))
         state = self.dedup.open()
         if state.mode != MODE_SET:

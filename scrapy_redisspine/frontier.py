@@ -64,6 +64,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping, Sequence
 
     from scrapy_redisspine.keys import CrawlKeys
+    from scrapy_redisspine.settings import Throttle
 
 __all__ = [
     "EXPECTED_TYPES", "ORDER_KEY_LENGTH", "PRIORITY_KEY_LENGTH", "Ack", "CorruptKeyError",
@@ -110,9 +111,17 @@ class StreamItem:
 
 #: (order key, fencing token): what a release must present.
 LeaseHandle = tuple[str, str]
-#: (order key, fencing token, rest of its lane in ms): what an ack presents.
-Ack = tuple[str, str, int]
+#: (order key, fencing token, rest of its lane in ms): what an ack presents; with
+#: AutoThrottle also the request's download latency (ms, -1: none) and its response's
+#: status (0: none), the sample that moves its lane's delay (lib/throttle.lua).
+Ack = tuple[str, str, int] | tuple[str, str, int, int, int]
 
+
+#: How soon a lease looks again at a lane whose slots other crawls of the politeness
+#: group hold (lease.lua): their acks cannot reschedule it in this crawl's ``hosts``.
+#: Short against any polite delay, long against a lease round trip: at most a few
+#: re-checks per second per such lane, and a lane freed elsewhere waits at most this.
+GROUP_RECHECK_MS = 200
 
 #: (script name, keys, args) of one script call.
 _Call = tuple[str, "Sequence[str]", list[bytes | str | int]]
@@ -138,6 +147,8 @@ class Frontier:
         items_max_bytes: int = 0,
         page_budget: int = 0,
         lane_page_limit: int = 0,
+        throttle: Throttle | None = None,
+        min_delay_ms: int = 0,
     ) -> None:
         if order not in ("fifo", "lifo"):
             raise ValueError(f"order must be 'fifo' or 'lifo', got {order!r}")
@@ -151,6 +162,11 @@ class Frontier:
         self.items_max_bytes = items_max_bytes
         self.page_budget = page_budget  # requests the crawl leases in all (0: no budget)
         self.lane_page_limit = lane_page_limit  # requests one lane leases in all (0: none)
+        # Fleet-wide AutoThrottle (enqueue.lua's ARGV[10..13]); target 0: off.
+        self.throttle_args: list[bytes | str | int] = [0, 0, 0, 0] if throttle is None else [
+            repr(throttle.target_concurrency), int(throttle.start_delay * 1000), min_delay_ms,
+            int(throttle.max_delay * 1000),
+        ]
         # The crawl's identity, learned at register(): every write script is refused
         # (LOST) once the crawl in Redis is not this one. "" (tools, tests): no check.
         self.epoch = ""
@@ -234,10 +250,12 @@ class Frontier:
         args: list[bytes | str | int] = [
             self.epoch, self.order, self.worker_id, len(acks), self.concurrency,
             self.backlog_cap, self.items_cap, self.items_max_bytes, len(loose),
+            *self.throttle_args,
         ]
         for i, ack in enumerate(acks):
             args += [ack[0], ack[1], ack[2] if len(ack) > 2 else 0,  # type: ignore[misc]
-                     len(items[i]) if items else 0]
+                     len(items[i]) if items else 0,
+                     ack[3] if len(ack) > 3 else -1, ack[4] if len(ack) > 4 else 0]  # type: ignore[misc]
         for item in (*loose, *(item for its in items for item in its)):
             args += [item.class_path, item.url, item.payload]
         for request in requests:
@@ -258,7 +276,8 @@ class Frontier:
 
     def _lease_call(self, count: int) -> tuple[Sequence[str], list[bytes | str | int]]:
         return self._scripts.keys("lease"), [self.epoch, self.worker_id, count, self.concurrency,
-                                             self.page_budget, self.lane_page_limit]
+                                             self.page_budget, self.lane_page_limit,
+                                             GROUP_RECHECK_MS]
 
     def enqueue_and_lease(
         self, requests: Sequence[NewRequest], acks: Sequence[Ack | LeaseHandle], count: int,

@@ -1,10 +1,14 @@
 """Every Redis key of a crawl, built in one place.
 
-All keys of one crawl share the hash tag ``{crawl id}`` so that every Lua script
-touches a single Redis Cluster slot. Scripts never build key names: they receive
-these through ``KEYS``.
+All keys of one crawl share the hash tag ``{crawl id}``. A lane's politeness budget
+(its rest and its in-flight count fleet-wide) is shared by every crawl of one
+politeness group (``REDISSPINE_POLITENESS_GROUP``): those few keys carry the group's
+own hash tag ``{g:group}``, so a script that leases or acks touches two tags, the
+crawl's and its group's (one Redis: any keys; Redis Cluster: see the README's
+"Politeness across crawls"). Scripts never build key names: they receive these
+through ``KEYS``.
 
-Key map (``P`` is the prefix, ``C`` the crawl id):
+Key map (``P`` is the prefix, ``C`` the crawl id, ``G`` the politeness group):
 
 =========================  ======  ==============================  =====================
 key                        type    written by                      lifetime
@@ -13,8 +17,9 @@ key                        type    written by                      lifetime
 ``P:{C}:hosts``            ZSET    enqueue, lease, ack (scripts)   while a lane has work
 ``P:{C}:busy``             HASH    lease, ack, release (scripts)   while a lane has leases
 ``P:{C}:backlog``          HASH    enqueue, lease (scripts)        while a lane has work
-``P:{C}:host_next``        HASH    ack (script)                    whole crawl
-``P:{C}:host_delay``       HASH    workers (robots.txt)            whole crawl
+``P:{g:G}:group_busy``     HASH    lease, ack, release (scripts)   while a lane has leases
+``P:{g:G}:host_next``      HASH    ack (script)                    the group's life
+``P:{g:G}:host_delay``     HASH    workers (robots.txt)            the group's life
 ``P:{C}:inflight``         HASH    lease, ack, release (scripts)   lease -> ack/release
 ``P:{C}:leases``           ZSET    lease, ack, release (scripts)   same as ``inflight``
 ``P:{C}:owned``            ZSET    lease, ack, release (scripts)   same as ``inflight``
@@ -33,7 +38,8 @@ key                        type    written by                      lifetime
 ``P:{C}:progress``         ZSET    workers (Recovery extension)    last 5 minutes
 ``P:{C}:record``           HASH    register, mark_finished, purge  whole crawl
 ``P:{C}:starting``         ZSET    register, heartbeat             while start() runs
-``P:{C}:lane_limits``      HASH    workers (DOWNLOAD_SLOTS)         whole crawl
+``P:{g:G}:lane_limits``    HASH    workers (DOWNLOAD_SLOTS)        the group's life
+``P:{g:G}:lane_throttle``  HASH    ack (enqueue script)            the group's life
 ``P:{C}:lane_pages``       HASH    lease (script)                  whole crawl
 ``P:{C}:items``            STREAM  enqueue (script, with acks)     whole crawl
 ``P:crawls``               SET     register (script)               until purged
@@ -45,10 +51,15 @@ key                        type    written by                      lifetime
   rest). A lex range holds one lane's requests: highest priority first, then FIFO (or
   LIFO, with complemented order keys).
 - ``hosts``: lane -> time (ms) it may next be leased; holds the lanes with queued
-  requests and a free slot. ``busy``: lane -> requests in flight fleet-wide.
+  requests and a free slot of this crawl's own. The time may be early: another crawl
+  of the group may have fetched the lane since, or hold its slots; the lease checks
+  the group's keys and moves the lane to its real time (or re-checks it shortly).
+  ``busy``: lane -> this crawl's requests in flight, fleet-wide.
+  ``group_busy``: lane -> the whole group's requests in flight (the sum of its crawls'
+  ``busy``); the lease never takes a slot past the lane's concurrency in it.
   ``backlog``: lane -> requests queued. ``host_next``: lane -> end of its last fetch
-  plus its delay (or a Retry-After block). ``host_delay``: lane -> robots.txt
-  Crawl-delay (seconds), learned once by any worker.
+  (by any crawl of the group) plus its delay (or a Retry-After block).
+  ``host_delay``: lane -> robots.txt Crawl-delay (seconds), learned once by any worker.
 - ``inflight``: field = order key; value = ``owner \\n token \\n queue member``, i.e.
   everything needed to put the request back exactly as it was, and the fencing token
   an ack must present.
@@ -90,7 +101,7 @@ key                        type    written by                      lifetime
   so running workers learn that it was a purge.
 - ``starting``: worker id -> last heartbeat (ms) of each worker whose spider still
   produces start requests; the crawl is not finished while a live one is listed.
-- ``lane_limits``: lane -> the most requests of that lane in flight fleet-wide, for
+- ``lane_limits``: lane -> the most requests of that lane in flight group-wide, for
   lanes with a limit of their own (Scrapy's ``DOWNLOAD_SLOTS`` concurrency); others
   take ``REDISSPINE_HOST_CONCURRENCY``.
 - ``lane_pages``: lane -> requests it leased in all, written by ``lease`` only with
@@ -107,6 +118,14 @@ key                        type    written by                      lifetime
   (``feed_done`` removes what a worker enqueued). Named by the user, so it carries
   no prefix and, unless the name includes ``{crawl id}``, not the crawl's hash tag
   (:func:`feed_key`).
+- ``lane_throttle``: lane -> its AutoThrottle delay (ms), with Scrapy's
+  ``AUTOTHROTTLE_ENABLED``: moved by every ack that carries a download latency
+  (lib/throttle.lua), by the workers of every crawl of the group; each ack rests its
+  lane at least this long.
+- The group keys (``group_busy``, ``host_next``, ``host_delay``, ``lane_limits``,
+  ``lane_throttle``) belong
+  to no crawl: a purge or flush of one crawl takes its own in-flight counts out of
+  ``group_busy`` and leaves the rest to the group's other crawls.
 - ``P:crawls`` is the other key outside a crawl's hash tag: the set of crawl ids on this
   Redis, so tools can list crawls without ``KEYS``. Only ``register`` writes it, as a
   separate command (never inside a multi-key script).
@@ -117,27 +136,40 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 _FORBIDDEN_IN_ID = "{}"
+#: The politeness group of every crawl that names none: all crawls under one prefix
+#: share each lane's budget (REDISSPINE_POLITENESS_GROUP).
+DEFAULT_GROUP = "default"
+#: The names of the group keys among CrawlKeys' properties (they carry ``{g:group}``).
+GROUP_KEY_NAMES = ("group_busy", "host_next", "host_delay", "lane_limits", "lane_throttle")
 
 
 @dataclass(frozen=True)
 class CrawlKeys:
-    """Names of all Redis keys of one crawl."""
+    """Names of all Redis keys of one crawl, and of its politeness group's."""
 
     prefix: str
     crawl_id: str
+    group: str = DEFAULT_GROUP
 
     def __post_init__(self) -> None:
         if not self.crawl_id:
             raise ValueError("crawl id must not be empty")
+        if not self.group:
+            raise ValueError("politeness group must not be empty")
         for char in _FORBIDDEN_IN_ID:
-            if char in self.crawl_id or char in self.prefix:
+            if char in self.crawl_id or char in self.prefix or char in self.group:
                 raise ValueError(
-                    f"crawl id {self.crawl_id!r} and prefix {self.prefix!r} must not "
-                    f"contain {char!r}: braces delimit the Redis Cluster hash tag"
+                    f"crawl id {self.crawl_id!r}, prefix {self.prefix!r} and politeness "
+                    f"group {self.group!r} must not contain {char!r}: braces delimit the "
+                    "Redis Cluster hash tag"
                 )
 
     def _key(self, name: str) -> str:
         return f"{self.prefix}:{{{self.crawl_id}}}:{name}"
+
+    def _group_key(self, name: str) -> str:
+        # "g:" keeps a group's tag apart from a crawl id spelled like the group.
+        return f"{self.prefix}:{{g:{self.group}}}:{name}"
 
     @property
     def queue(self) -> str:
@@ -156,12 +188,16 @@ class CrawlKeys:
         return self._key("backlog")
 
     @property
+    def group_busy(self) -> str:
+        return self._group_key("group_busy")
+
+    @property
     def host_next(self) -> str:
-        return self._key("host_next")
+        return self._group_key("host_next")
 
     @property
     def host_delay(self) -> str:
-        return self._key("host_delay")
+        return self._group_key("host_delay")
 
     @property
     def inflight(self) -> str:
@@ -237,7 +273,11 @@ class CrawlKeys:
 
     @property
     def lane_limits(self) -> str:
-        return self._key("lane_limits")
+        return self._group_key("lane_limits")
+
+    @property
+    def lane_throttle(self) -> str:
+        return self._group_key("lane_throttle")
 
     @property
     def lane_pages(self) -> str:
@@ -252,6 +292,10 @@ class CrawlKeys:
         """The registry of crawl ids: shared by all crawls under this prefix."""
         return f"{self.prefix}:crawls"
 
+    def group_keys(self) -> tuple[str, ...]:
+        """The politeness group's keys: shared with the group's other crawls."""
+        return tuple(getattr(self, name) for name in GROUP_KEY_NAMES)
+
     def all_crawl_keys(self) -> tuple[str, ...]:
         """Every key that belongs to this crawl alone (what a flush deletes)."""
         return (
@@ -259,8 +303,6 @@ class CrawlKeys:
             self.hosts,
             self.busy,
             self.backlog,
-            self.host_next,
-            self.host_delay,
             self.inflight,
             self.leases,
             self.owned,
@@ -279,7 +321,6 @@ class CrawlKeys:
             self.progress,
             self.record,
             self.starting,
-            self.lane_limits,
             self.lane_pages,
             self.items,
         )

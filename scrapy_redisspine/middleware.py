@@ -5,6 +5,10 @@
   the block travels with the ack of the request that got the answer.
 - A robots.txt ``Crawl-delay`` (Scrapy's ``robots_parsed`` signal, Scrapy 2.14 and
   later, with ``ROBOTSTXT_OBEY``) is learned once per host and shared through Redis.
+- With ``AUTOTHROTTLE_ENABLED``, a response's download latency (Scrapy's
+  ``download_latency`` meta) and status travel with its request's ack, which moves its
+  lane's delay fleet-wide (Scrapy's AutoThrottle rule, ``scripts/lib/throttle.lua``);
+  ``autothrottle_dont_adjust_delay`` in meta keeps a response out, as in Scrapy.
 
 In-flight state itself is not written here: the lease script records a request in
 the in-flight HASH in the same atomic step that takes it off the queue, which no
@@ -84,6 +88,12 @@ class Politeness:
     def process_response(
         self, request: Request, response: Response, *args: Any, **kwargs: Any
     ) -> Response:  # Scrapy < 2.14 also passes spider=
+        if self.config.autothrottle is not None and self.worker is not None:
+            latency = request.meta.get("download_latency")
+            if isinstance(latency, int | float) and (
+                request.meta.get("autothrottle_dont_adjust_delay", False) is not True
+            ):
+                self.worker.hosts.observe(request, float(latency), response.status)
         if response.status in _RETRY_AFTER_STATUSES and self.worker is not None:
             seconds = parse_retry_after(response.headers.get(b"Retry-After"))
             if seconds is not None:

@@ -1,15 +1,17 @@
 """Which politeness lane a URL belongs to, and how long its host must rest.
 
 Scrapy-free. A lane is the unit the fleet throttles: the exact hostname by default,
-or the registered domain (``a.example.co.uk`` and ``b.example.co.uk`` share
-``example.co.uk``) using tldextract's bundled public-suffix snapshot, never a
-network fetch. URLs without a host (``data:``, ``file:``) share one lane, ``""``,
-that is never delayed, so they can never wedge a real host.
+its IP address (``ip``: see ``ip_lanes``), or the registered domain
+(``a.example.co.uk`` and ``b.example.co.uk`` share ``example.co.uk``) using
+tldextract's bundled public-suffix snapshot, never a network fetch. URLs without a
+host (``data:``, ``file:``) share one lane, ``""``, that is never delayed, so they
+can never wedge a real host.
 """
 
 from __future__ import annotations
 
 import random
+import socket
 from functools import lru_cache
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
@@ -37,12 +39,23 @@ def _registered_domain(hostname: str) -> str:
     return str(domain) or hostname  # IP addresses and bare names stay themselves
 
 
+@lru_cache(maxsize=65_536)
+def _system_address(hostname: str) -> str:
+    try:
+        return socket.gethostbyname(hostname)
+    except (OSError, UnicodeError):
+        return hostname  # its download fails as it would anyway
+
+
 def make_lane_function(mode: str) -> Callable[[str], str]:
-    """A URL -> lane function for ``REDISSPINE_POLITENESS_KEY`` (host or domain).
+    """A URL -> lane function for ``REDISSPINE_POLITENESS_KEY`` (host, domain or ip).
 
     Called for every request: hostnames (few) are cached, URLs (nearly all
-    different) are not."""
+    different) are not. With ``ip`` this function resolves a name with the system
+    resolver, blocking, once per name: it serves tools (``redisspine seed``, push);
+    workers resolve through Scrapy's resolver without blocking (``ip_lanes``)."""
     domain_of = lru_cache(maxsize=65_536)(_registered_domain)
+    key_of = {"domain": domain_of, "ip": _system_address}.get(mode)
 
     def lane(url: str) -> str:
         try:
@@ -51,7 +64,7 @@ def make_lane_function(mode: str) -> Callable[[str], str]:
             return NO_HOST_LANE
         if not hostname:
             return NO_HOST_LANE
-        return domain_of(hostname) if mode == "domain" else hostname
+        return key_of(hostname) if key_of is not None else hostname
 
     return lane
 

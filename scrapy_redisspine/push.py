@@ -30,7 +30,7 @@ from scrapy.utils.request import RequestFingerprinter
 from scrapy_redisspine.dupefilter import fingerprint_request
 from scrapy_redisspine.feed_entries import FeedEntry
 from scrapy_redisspine.frontier import EnqueueResult, Frontier, NewRequest
-from scrapy_redisspine.keys import CrawlKeys
+from scrapy_redisspine.keys import DEFAULT_GROUP, CrawlKeys
 from scrapy_redisspine.politeness import make_lane_function
 from scrapy_redisspine.request_codec import RequestCodec
 from scrapy_redisspine.serialization import get_serializer
@@ -59,6 +59,7 @@ class PushOptions:
     politeness_key: str = "host"
     host_concurrency: int = 1
     backlog_cap: int = 0
+    politeness_group: str = DEFAULT_GROUP
 
     @classmethod
     def from_config(cls, config: SpineConfig) -> PushOptions:
@@ -67,7 +68,7 @@ class PushOptions:
             strip_tracking_params=config.dedup_strip_tracking_params,
             extra_tracking_params=config.dedup_extra_tracking_params,
             politeness_key=config.politeness_key, host_concurrency=config.host_concurrency,
-            backlog_cap=config.host_backlog_cap,
+            backlog_cap=config.host_backlog_cap, politeness_group=config.politeness_group,
         )
 
 
@@ -133,8 +134,9 @@ def push_requests(
     """Enqueue requests from Python (callbacks by name: ``callback`` or None for
     ``parse``); ``options`` must match the crawl's settings."""
     entries = [FeedEntry(request, callback) for request in requests]
-    return push_entries(client, CrawlKeys(prefix, crawl_id), entries,
-                        options or PushOptions(), fingerprinter)
+    options = options or PushOptions()
+    return push_entries(client, CrawlKeys(prefix, crawl_id, options.politeness_group), entries,
+                        options, fingerprinter)
 
 
 def main(argv: list[str] | None = None) -> int:

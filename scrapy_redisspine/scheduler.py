@@ -20,6 +20,7 @@ no pending requests when that holds and its own buffers are empty.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 from typing import TYPE_CHECKING
 
@@ -34,7 +35,7 @@ from scrapy_redisspine._closing import HandBack
 from scrapy_redisspine._engine import EngineHooks, EnginePort
 from scrapy_redisspine._fleet import FleetMember
 from scrapy_redisspine._guard import RedisGuard
-from scrapy_redisspine._host_policy import HostPolicy
+from scrapy_redisspine._host_policy import HostPolicy, scrapy_ip_lanes
 from scrapy_redisspine._itembox import ItemBox
 from scrapy_redisspine._items import ItemClasses
 from scrapy_redisspine._joining import (
@@ -186,7 +187,10 @@ class Scheduler(BaseScheduler):
             spider, get_serializer(config.serializer), config.allowed_request_classes,
             ItemClasses.for_spider(spider, config.allowed_item_classes),
         )
-        self.hosts = HostPolicy(config, self.frontier, self.guard, self.book, stats)
+        self.hosts = HostPolicy(
+            config, self.frontier, self.guard, self.book, stats,
+            ip_lanes=scrapy_ip_lanes(stats) if config.politeness_key == "ip" else None,
+        )
         self.outbox = Outbox(
             self.frontier, self.guard, stats, clock,
             batch_size=config.enqueue_batch_size, cache_size=config.local_request_cache,
@@ -282,7 +286,9 @@ class Scheduler(BaseScheduler):
         except RequestEncodeError as exc:
             # Not dropped (Scrapy's own scheduler keeps such a request in memory too).
             self.stats.inc_value("redisspine/scheduler/unserializable")
-            self.local.add(request, self.hosts.lane_of(request), str(exc))
+            lane = self.hosts.lane_of(request)  # (by IP, not resolved yet: its name)
+            self.local.add(request, self.hosts.lane(request.url) if lane is None else lane,
+                           str(exc))
             self.wake()
             return True
         is_start = self.starts.is_start(request)
@@ -295,16 +301,32 @@ class Scheduler(BaseScheduler):
         if is_start and (request.dont_filter or not self._remote_dedup):
             # identical start requests are all fetched (as in Scrapy), each once per crawl
             fingerprint = self.starts.start_key(fingerprint)
+        lane = self.hosts.lane_of(request)
         entry = NewRequest(
             payload,
             fingerprint,
             request.priority,
             dont_filter=request.dont_filter or not self._remote_dedup,
             is_start=is_start,
-            lane=self.hosts.lane_of(request),
+            lane=lane or "",
         )
-        self.outbox.add(entry, request, self.config.enqueue_flush_seconds)
+        if lane is not None:
+            self.outbox.add(entry, request, self.config.enqueue_flush_seconds)
+        else:
+            self._enqueue_when_resolved(entry, request)
         return True
+
+    def _enqueue_when_resolved(self, entry: NewRequest, request: Request) -> None:
+        """Lanes by IP, a host not resolved yet: the request waits for its address,
+        and acks wait with it (one may be its parent's, see Outbox.hold)."""
+        self.outbox.hold()
+
+        def resolved(lane: str) -> None:
+            self.outbox.add(dataclasses.replace(entry, lane=lane), request,
+                            self.config.enqueue_flush_seconds)
+            self.outbox.release_hold()
+
+        self.hosts.lane_later(request, resolved)
 
     def next_request(self) -> Request | None:
         if self.refusal.reason is not None:
@@ -369,6 +391,7 @@ class Scheduler(BaseScheduler):
         self.outbox.add_ack(
             finished.handle, self.hosts.rest_ms(finished), self.config.ack_flush_seconds,
             self.items.take(request) if self.items is not None else (),
+            sample=(finished.latency_ms, finished.status),
         )
 
     def _dropped(self, request: Request) -> None:
@@ -380,6 +403,8 @@ class Scheduler(BaseScheduler):
             )
 
     def _on_sent(self, result: EnqueueResult) -> None:
+        if result.throttled:
+            self.hosts.throttled(result.throttled)
         self.fleet.work_added()
         self.leaser.expect_work()
         if result.enqueued and self.engine is not None:

@@ -26,6 +26,7 @@ from scrapy_redisspine._settings_checks import (
     as_optional_str,
     as_redis_url,
     as_str_tuple,
+    as_tag_text,
     as_text,
 )
 from scrapy_redisspine._settings_compat import Layered, foreign_values
@@ -34,7 +35,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
 __all__ = [
-    "DEFAULTS", "SETTINGS", "ConfigError", "Setting", "SpineConfig", "known_names", "load_config",
+    "DEFAULTS", "SETTINGS", "ConfigError", "Setting", "SpineConfig", "Throttle", "known_names",
+    "load_config",
 ]
 
 PREFIX = "REDISSPINE_"
@@ -69,7 +71,7 @@ class Setting:
 
 _SERIALIZERS = ("msgpack", "json")
 _ORDERS = ("fifo", "lifo")
-_POLITENESS_KEYS = ("host", "domain")
+_POLITENESS_KEYS = ("host", "domain", "ip")
 _BLOOM_BACKENDS = ("auto", "redisbloom", "bitmap", "none")
 _MAX_MIGRATION_CHUNK = 5000  # Lua's C stack bounds unpack() of one chunk
 
@@ -175,8 +177,15 @@ SETTINGS: tuple[Setting, ...] = (
             "Most requests to one politeness lane (host or domain) in flight at once, "
             "fleet-wide."),
     Setting("REDISSPINE_POLITENESS_KEY", "host", as_choice, (_POLITENESS_KEYS,),
-            "What shares one politeness budget: `host` (exact hostname) or `domain` "
-            "(registered domain via tldextract's bundled suffix list, no network)."),
+            "What shares one politeness budget: `host` (exact hostname), `domain` "
+            "(registered domain via tldextract's bundled suffix list, no network) or "
+            "`ip` (the host's IP address, as Scrapy's `CONCURRENT_REQUESTS_PER_IP`: "
+            "resolved once per name and worker through Scrapy's resolver, cached)."),
+    Setting("REDISSPINE_POLITENESS_GROUP", "default", as_tag_text, (),
+            "Crawls under one key prefix in the same group share each lane's budget: "
+            "its concurrency in flight and its rest between fetches hold across all "
+            "their workers (a site sees one fleet). Give a crawl a group of its own "
+            "(e.g. its crawl id) to keep its politeness apart."),
     Setting("REDISSPINE_HOST_DELAYS", {}, as_delays, (),
             "Per-lane delay overrides in seconds, e.g. `{\"example.com\": 5}`. The "
             "default delay is Scrapy's `DOWNLOAD_DELAY`, enforced fleet-wide and counted "
@@ -263,13 +272,25 @@ def known_names() -> frozenset[str]:
 
 
 @dataclass(frozen=True)
+class Throttle:
+    """Scrapy's AutoThrottle settings, for the fleet-wide rule (``scripts/enqueue.lua``):
+    a lane's delay moves toward latency / ``target_concurrency``, starting at
+    ``start_delay``, between ``DOWNLOAD_DELAY`` and ``max_delay`` (seconds)."""
+
+    start_delay: float
+    max_delay: float
+    target_concurrency: float
+    debug: bool
+
+
+@dataclass(frozen=True)
 class SpineConfig:
     """The plugin's settings, checked and typed; built by :func:`load_config` only.
 
     No field has a default: the defaults live in :data:`SETTINGS`, and a second copy
     here could drift from it. The fields follow the declarations one to one, besides
-    ``download_delay``, ``download_delay_jitter`` and ``download_slots``, read from
-    Scrapy's own settings.
+    ``download_delay``, ``download_delay_jitter``, ``download_slots``, ``autothrottle``
+    and the ``closespider_*`` limits, read from Scrapy's own settings.
     Redis scripts count time in whole milliseconds; the ``*_ms`` properties convert
     once, here, so every caller rounds alike.
     """
@@ -303,6 +324,7 @@ class SpineConfig:
     memory_budget_bytes: int
     host_concurrency: int
     politeness_key: str
+    politeness_group: str
     host_delays: tuple[tuple[str, float], ...]
     max_crawl_delay_seconds: float
     max_retry_after_seconds: float
@@ -327,6 +349,8 @@ class SpineConfig:
     download_delay_jitter: float
     #: Scrapy's DOWNLOAD_SLOTS: (slot, its concurrency or 0, its delay or -1)
     download_slots: tuple[tuple[str, int, float], ...]
+    #: Scrapy's AUTOTHROTTLE_* settings, applied fleet-wide per lane (None: off)
+    autothrottle: Throttle | None
     #: Scrapy's CLOSESPIDER_PAGECOUNT, _ITEMCOUNT, _ERRORCOUNT (0: none), _TIMEOUT (s)
     closespider_pagecount: int
     closespider_itemcount: int
@@ -371,6 +395,7 @@ def load_config(settings: Mapping[str, Any]) -> SpineConfig:
     values.update(_download_delay(settings))
     values["download_slots"] = _download_slots(settings.get("DOWNLOAD_SLOTS"))
     values.update(_closespider(settings))
+    values["autothrottle"] = _autothrottle(settings)
     config = SpineConfig(**values)
     _check_bloom_plan(config)
     _check_migration_chunk(config)
@@ -397,6 +422,31 @@ def _download_delay(settings: Mapping[str, Any]) -> dict[str, float]:
         "download_delay": as_number("DOWNLOAD_DELAY", 0 if delay is None else delay, float, 0),
         "download_delay_jitter": as_number("DOWNLOAD_DELAY_JITTER", jitter, float, 0),
     }
+
+
+#: Scrapy's defaults of its AUTOTHROTTLE_* settings (default_settings.py), for a
+#: mapping that lacks them (tests, tools).
+_AUTOTHROTTLE_DEFAULTS = {"START_DELAY": 5.0, "MAX_DELAY": 60.0, "TARGET_CONCURRENCY": 1.0}
+
+
+def _autothrottle(settings: Mapping[str, Any]) -> Throttle | None:
+    """Scrapy's own AUTOTHROTTLE_* settings: with AUTOTHROTTLE_ENABLED every lane's
+    delay adapts fleet-wide (the add-on switches Scrapy's per-process one off)."""
+    enabled = settings.get("AUTOTHROTTLE_ENABLED")
+    if enabled is None or not as_bool("AUTOTHROTTLE_ENABLED", enabled):
+        return None
+    numbers = {}
+    for name, default in _AUTOTHROTTLE_DEFAULTS.items():
+        raw = settings.get(f"AUTOTHROTTLE_{name}")
+        numbers[name] = as_number(f"AUTOTHROTTLE_{name}", default if raw is None else raw,
+                                  float, 0)
+    if numbers["TARGET_CONCURRENCY"] <= 0:
+        raise ConfigError("AUTOTHROTTLE_TARGET_CONCURRENCY must be above 0, got "
+                          f"{numbers['TARGET_CONCURRENCY']!r}")
+    debug = settings.get("AUTOTHROTTLE_DEBUG")
+    return Throttle(numbers["START_DELAY"], numbers["MAX_DELAY"],
+                    numbers["TARGET_CONCURRENCY"],
+                    debug is not None and as_bool("AUTOTHROTTLE_DEBUG", debug))
 
 
 def _closespider(settings: Mapping[str, Any]) -> dict[str, Any]:

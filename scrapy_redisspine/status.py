@@ -5,8 +5,8 @@ after a fixed number of fields, so ``status`` never blocks Redis on a large craw
 counts come from ZCARD/HLEN, the top hosts from one bounded HSCAN of ``backlog``.
 
 Keys read: queue, inflight, dead, stats, fleet_stats, worker_stats, workers,
-progress, backlog, busy, hosts, host_next, host_delay, lane_limits, seen, dedup,
-bloom, control, record.
+progress, backlog, busy, group_busy, hosts, host_next, host_delay, lane_limits,
+lane_throttle, seen, dedup, bloom, control, record.
 """
 
 from __future__ import annotations
@@ -123,6 +123,9 @@ def _hosts(
     client: redis.Redis, keys: CrawlKeys, backlog: dict[str, int], top: int, now_ms: int
 ) -> list[dict[str, Any]]:
     lanes = sorted(backlog, key=lambda lane: -backlog[lane])[:top]
+    # and the busy lanes with nothing queued (their last fetches), so that every busy
+    # lane's delay shows: at most `top` more, one bounded HSCAN
+    lanes += [lane for lane in _scan_hash(client, keys.busy, top) if lane not in backlog][:top]
     if not lanes:
         return []
     pipe = client.pipeline(transaction=False)
@@ -130,16 +133,24 @@ def _hosts(
     pipe.zmscore(keys.hosts, lanes)
     pipe.hmget(keys.host_next, lanes)
     pipe.hmget(keys.host_delay, lanes)
-    busy, due, rest, delay = pipe.execute()
+    pipe.hmget(keys.group_busy, lanes)
+    pipe.hmget(keys.lane_throttle, lanes)
+    busy, due, rest, delay, group_busy, throttle = pipe.execute()
     rows = []
     for i, lane in enumerate(lanes):
         next_ms = max(_number(due[i]), _number(rest[i]))
         rows.append({
             "lane": lane,
-            "backlog": backlog[lane],
+            "backlog": backlog.get(lane, 0),
             "busy": int(_number(busy[i])),
+            # the politeness group's, this crawl's included (other crawls share the lane)
+            "group_busy": int(_number(group_busy[i])),
             "next_due_in_seconds": round(max(0.0, next_ms - now_ms) / 1000, 1),
             "crawl_delay_seconds": float(_number(delay[i])) if delay[i] is not None else None,
+            # the fleet-wide AutoThrottle delay (AUTOTHROTTLE_ENABLED), None: none yet
+            "autothrottle_delay_seconds": (
+                round(float(_number(throttle[i])) / 1000, 3) if throttle[i] is not None else None
+            ),
         })
     return rows
 

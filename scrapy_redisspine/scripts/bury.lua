@@ -18,6 +18,7 @@ KEYS[11] queue     ZSET   (lib/lanes.lua: a lane's backlog count is counted agai
                           from it if it holds no count)
 KEYS[12] record    HASH   the crawl record: writes only while it is the caller's crawl
 KEYS[13] lane_limits HASH lane -> its own most in flight (lib/lanes.lua)
+KEYS[14] group_busy HASH  lane -> the politeness group's requests in flight (lib/lanes.lua)
 
 ARGV[1]  epoch        the caller's crawl epoch ("": a tool, no check; lib/crawl.lua)
 ARGV[2]  owner        worker id
@@ -42,6 +43,7 @@ local owned, requeues = KEYS[5], KEYS[6]
 local hosts, busy, backlog, host_next, queue = KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11]
 local record = KEYS[12]
 local lane_limits = KEYS[13]
+local group_busy = KEYS[14]
 local epoch, owner, key, token = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local reason = string.gsub(ARGV[5], "\n", " ")
 local concurrency = tonumber(ARGV[6])
@@ -49,7 +51,8 @@ local refused = crawl_refusal(record, epoch)
 if refused then
     return refused -- the crawl is gone: write nothing
 end
-lanes_init(queue, hosts, busy, backlog, host_next, concurrency, clock_ms(), lane_limits)
+lanes_init(queue, hosts, busy, backlog, host_next, concurrency, clock_ms(), lane_limits,
+           group_busy)
 entry_init(inflight, leases, owned)
 
 local member = fenced_member(key, owner, token)

@@ -24,6 +24,8 @@ KEYS[15] host_next HASH   lane -> earliest next fetch (ms)    (lib/lanes.lua)
 KEYS[16] record    HASH   the crawl record: writes only while it is the caller's crawl
 KEYS[17] lane_limits HASH lane -> its own most in flight (lib/lanes.lua)
 KEYS[18] items    STREAM the crawl's items: fields class, url, item (REDISSPINE_ITEMS)
+KEYS[19] group_busy HASH  lane -> the politeness group's requests in flight (lib/lanes.lua)
+KEYS[20] lane_throttle HASH lane -> its AutoThrottle delay (ms; lib/throttle.lua)
 
 ARGV[1]  epoch        the caller's crawl epoch ("": a tool, no check; lib/crawl.lua)
 ARGV[2]  order        "fifo" or "lifo"
@@ -34,8 +36,14 @@ ARGV[6]  backlog_cap  most requests queued per lane (0: no cap)
 ARGV[7]  items_cap    most entries the items stream holds (0: no cap)
 ARGV[8]  items_bytes  most bytes of items the stream holds, estimated (0: no cap)
 ARGV[9]  n_loose      items that belong to no ack (written unfenced)
-ARGV[10 .. 9+4*n_acks]     groups of 4: order key, lease token, rest (ms) of its lane,
-           n_items (how many of the items that follow are this request's)
+ARGV[10] throttle_target    AUTOTHROTTLE_TARGET_CONCURRENCY (0: AutoThrottle off)
+ARGV[11] throttle_start_ms  AUTOTHROTTLE_START_DELAY (ms)
+ARGV[12] throttle_min_ms    DOWNLOAD_DELAY (ms): the adapted delay never goes below it
+ARGV[13] throttle_max_ms    AUTOTHROTTLE_MAX_DELAY (ms)
+ARGV[14 .. 13+6*n_acks]    groups of 6: order key, lease token, rest (ms) of its lane,
+           n_items (how many of the items that follow are this request's), the
+           request's download latency (ms; -1: no sample, e.g. no response or
+           autothrottle_dont_adjust_delay) and its response's status (0: none)
 then the items, groups of 3: class, url, payload: the n_loose loose ones first, then
            each ack's n_items, in the order of the acks
 then the requests, groups of 5: flags, fingerprint, lane, priority key, payload
@@ -54,11 +62,17 @@ items_cap entries, or when its bytes would take the estimated size past items_by
 consumer that trims what it processed makes room). A shed item never refuses its
 ack: the crawl goes on.
 
-Returns { statuses, acked, items_written, items_shed, repairs }: statuses has one
-character per request,
+AutoThrottle (lib/throttle.lua): with throttle_target > 0, each applied ack's latency
+moves its lane's delay in lane_throttle (the politeness group's: every crawl's
+samples count), and the lane rests at least that delay after the ack, as after any
+fetch with DOWNLOAD_DELAY: the lease then holds the lane back until its rest ends.
+
+Returns { statuses, acked, items_written, items_shed, repairs, throttled }: statuses
+has one character per request,
 "+" enqueued, "d" duplicate (seen), "s" start request already injected,
 "c" dropped: its lane's backlog is at the cap; acked counts the acks that matched;
-repairs lists the values of crawl keys repaired (lib/numbers.lua).
+repairs lists the values of crawl keys repaired (lib/numbers.lua); throttled: flat
+{ lane, old delay ms, new delay ms, latency ms, status } per AutoThrottle sample.
 
 A batch of only start requests and dont_filter requests is never refused for lack of
 memory (see below); other batches are, unless an ack wrote first (lease.lua).
@@ -77,19 +91,24 @@ next copy is a duplicate). Bloom filters of RedisBloom are not checked.
 -- #include lanes
 -- #include numbers
 -- #include keytypes
+-- #include throttle
 local queue, seq, starts = KEYS[1], KEYS[2], KEYS[4]
 local inflight, leases, stats = KEYS[5], KEYS[6], KEYS[7]
 local owned, requeues = KEYS[10], KEYS[11]
 local hosts, busy, backlog, host_next = KEYS[12], KEYS[13], KEYS[14], KEYS[15]
 local seen, dedup, bloom, record = KEYS[3], KEYS[8], KEYS[9], KEYS[16]
 local lane_limits, items = KEYS[17], KEYS[18]
+local group_busy = KEYS[19]
+local lane_throttle = KEYS[20]
 local epoch, order, owner = ARGV[1], ARGV[2], ARGV[3]
 local n_acks, concurrency, backlog_cap = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local items_cap, items_bytes, n_loose = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
-local FIRST_ACK = 10
-local first_item = FIRST_ACK + 4 * n_acks
+throttle_init(lane_throttle, tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12]),
+              tonumber(ARGV[13]))
+local FIRST_ACK, ACK_SIZE = 14, 6
+local first_item = FIRST_ACK + ACK_SIZE * n_acks
 local n_items = n_loose
-for i = FIRST_ACK + 3, first_item - 1, 4 do
+for i = FIRST_ACK + 3, first_item - 1, ACK_SIZE do
     n_items = n_items + tonumber(ARGV[i])
 end
 local first_request = first_item + 3 * n_items
@@ -100,7 +119,8 @@ end
 local n_requests = (#ARGV - first_request + 1) / 5
 -- First: a corrupt dedup HASH or a key of the wrong type fails before any write (seq
 -- is repaired whatever it holds, lib/numbers.lua).
-lanes_init(queue, hosts, busy, backlog, host_next, concurrency, clock_ms(), lane_limits)
+lanes_init(queue, hosts, busy, backlog, host_next, concurrency, clock_ms(), lane_limits,
+           group_busy)
 local any_requeues = n_acks > 0 and key_exists(requeues, "hash")
 if n_acks > 0 then
     keys_expect(leases, "zset", owned, "zset") -- the lanes' HASHes: read before the acks
@@ -120,21 +140,22 @@ end
 -- Acks: one HMGET for all entries, one write per key for all of them, and one
 -- update per lane (its slots and its rest) however many of its leases end here.
 local acked = 0
+local throttled = {}
 local items_due, items_fenced = {}, 0 -- ARGV index of each item to write; refused ones
 for i = first_item, first_item + 3 * (n_loose - 1), 3 do
     items_due[#items_due + 1] = i
 end
 if n_acks > 0 then
     local ack_keys = {}
-    for i = FIRST_ACK, first_item - 1, 4 do
+    for i = FIRST_ACK, first_item - 1, ACK_SIZE do
         ack_keys[#ack_keys + 1] = ARGV[i]
     end
     local entries = hmget_in_chunks(inflight, ack_keys)
     local done_keys, done_owned = {}, {}
-    local lanes_done, released, freed, rests = {}, {}, {}, {}
+    local lanes_done, released, freed, rests, samples = {}, {}, {}, {}, {}
     local item_at = first_item + 3 * n_loose -- the first item of the current ack
     for j, key in ipairs(ack_keys) do
-        local base = FIRST_ACK + 4 * (j - 1)
+        local base = FIRST_ACK + ACK_SIZE * (j - 1)
         local lane = entry_lane(entries[j], owner, ARGV[base + 1])
         local its_items = tonumber(ARGV[base + 3])
         if lane ~= nil and not released[key] then
@@ -151,6 +172,11 @@ if n_acks > 0 then
                 end
                 freed[lane] = freed[lane] - 1
                 rests[lane] = math.max(rests[lane], tonumber(ARGV[base + 2]))
+                local latency = tonumber(ARGV[base + 4])
+                if throttle_on() and latency and latency >= 0 then
+                    samples[lane] = samples[lane] or {}
+                    table.insert(samples[lane], { latency, tonumber(ARGV[base + 5]) or 0 })
+                end
             end
         else
             items_fenced = items_fenced + its_items
@@ -160,12 +186,14 @@ if n_acks > 0 then
     acked = #done_keys
     if acked > 0 then
         local lanes_before = lanes_read(lanes_done) -- before the first write
+        local delays_before = throttle_read(lanes_done)
         call_in_chunks("HDEL", inflight, done_keys) -- no "denyoom" command: see lease.lua
         call_in_chunks("ZREM", leases, done_keys)
         call_in_chunks("ZREM", owned, done_owned)
         if any_requeues then
             call_in_chunks("HDEL", requeues, done_keys)
         end
+        throttled = throttle_write(lanes_done, delays_before, samples, rests)
         lanes_write(lanes_done, lanes_before, freed, nil, rests, false)
     end
 end
@@ -316,4 +344,5 @@ end
 if acked > 0 then
     stats_add(stats, "acked", acked)
 end
-return { table.concat(statuses), acked, items_written, items_shed, numbers_repairs() }
+return { table.concat(statuses), acked, items_written, items_shed, numbers_repairs(),
+         throttled }

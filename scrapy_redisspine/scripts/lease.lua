@@ -32,6 +32,7 @@ KEYS[14] record    HASH   the crawl record: writes only while it is the caller's
 KEYS[15] lane_limits HASH lane -> its own most in flight (lib/lanes.lua)
 KEYS[16] control  HASH   fleet orders; field close_reason: a fleet-wide limit was hit
 KEYS[17] lane_pages HASH  lane -> requests leased (REDISSPINE_HOST_PAGE_LIMIT's count)
+KEYS[18] group_busy HASH  lane -> the politeness group's requests in flight (lib/lanes.lua)
 
 ARGV[1]  epoch        the caller's crawl epoch ("": a tool, no check; lib/crawl.lua)
 ARGV[2]  owner        worker id
@@ -41,6 +42,16 @@ ARGV[5]  page_budget  most requests the crawl leases in all (Scrapy's
                       CLOSESPIDER_PAGECOUNT, fleet-wide; 0: no budget)
 ARGV[6]  lane_page_limit  most requests one lane leases in all (REDISSPINE_HOST_PAGE_LIMIT,
                       fleet-wide; 0: no limit, and lane_pages is not written)
+ARGV[7]  recheck_ms   when a due lane's slots are all held by other crawls of the
+                      politeness group: in how many ms to look at it again
+
+Politeness groups (lib/lanes.lua): a lane's slots (group_busy) and rest (host_next)
+are shared by the crawls of a group; `hosts` and `busy` are this crawl's. A due lane
+whose group rest is not over moves to the end of that rest; one whose slots are all
+held by other crawls moves recheck_ms ahead (their acks cannot reach this crawl's
+`hosts`); neither is leased, and neither is due again before that time, so no worker
+spins on it. A lane whose slots this crawl holds itself leaves `hosts` as before
+(its own ack puts it back).
 
 Fleet-wide limits (limits.py): with a close order in `control` nothing is leased;
 with a page budget, at most what is left of it: the crawl's `leased` counter counts
@@ -79,13 +90,16 @@ malformed member dead-lettered).
 -- #include numbers
 -- #include keytypes
 -- #include pagelimit
+-- #include group
 local queue, inflight, leases, stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local dead, seq, owned, requeues = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local hosts, busy, backlog, host_next, host_delay = KEYS[9], KEYS[10], KEYS[11], KEYS[12], KEYS[13]
 local record = KEYS[14]
 local lane_limits, control, lane_pages = KEYS[15], KEYS[16], KEYS[17]
+local group_busy = KEYS[18]
 local epoch, owner, count, concurrency = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local page_budget, lane_page_limit = tonumber(ARGV[5]), tonumber(ARGV[6])
+local recheck_ms = tonumber(ARGV[7])
 local refused = crawl_refusal(record, epoch)
 if refused then
     return refused -- the crawl is gone: write nothing
@@ -105,7 +119,8 @@ if close_reason ~= "" then
     count = 0
 end
 local now_ms = clock_ms()
-lanes_init(queue, hosts, busy, backlog, host_next, concurrency, now_ms, lane_limits)
+lanes_init(queue, hosts, busy, backlog, host_next, concurrency, now_ms, lane_limits,
+           group_busy)
 
 local members, requeued, delays = {}, {}, {}
 -- Usually both are empty: checked once per call (then one HMGET each, see below).
@@ -132,9 +147,44 @@ end
 -- Leasing goes in phases so that each kind of write is one call for the whole batch
 -- (lib/batch.lua, lib/lanes.lua): pick candidates lane by lane, check their keys
 -- with one HMGET, then write.
+-- Lanes the group holds back: score, lane pairs for `hosts`, written after the
+-- lease's ZREM (move_held_lanes).
+local held_back = {}
+
+-- Whether the group lets the lane lease now; if not, the lane is to move to the time
+-- it may (its group rest's end, or a re-check while other crawls hold its slots).
+local function group_allows(lane, own, group, limit, next_raw)
+    local next_at = time_of(next_raw) or 0 -- no number: lanes_write repairs it
+    if next_at > now_ms then
+        held_back[#held_back + 1] = next_at
+    elseif group >= limit and own < limit then
+        held_back[#held_back + 1] = now_ms + recheck_ms
+    else
+        return true
+    end
+    held_back[#held_back + 1] = lane
+    return false
+end
+
+-- ZADD may be refused on a full Redis (it is "denyoom", and when nothing was leased
+-- it is this call's first write, which Redis checks): then the lanes stay due and
+-- are checked again at the next lease, which must not fail for it. The counter is
+-- tried the same way (it fails exactly when nothing can be written).
+local function move_held_lanes()
+    if #held_back == 0 then
+        return
+    end
+    local moved = redis.pcall("ZADD", hosts, "XX", unpack(held_back))
+    if type(moved) == "table" and moved.err then
+        redis.pcall("HINCRBY", stats, "group_recheck_refused", 1)
+    end
+end
+
 local function pick(due)
     local picked = {} -- { lane, member } in lease order
     local busy_of = hmget_in_chunks(busy, due)
+    local group_of = hmget_in_chunks(group_busy, due)
+    local next_of = hmget_in_chunks(host_next, due)
     local limit_of = lanes_limit_of(due)
     if lane_page_limit > 0 then
         pages_of = page_limit_read(lane_pages, due)
@@ -144,12 +194,16 @@ local function pick(due)
             break
         end
         -- A busy count that is no count: lanes_write repairs it (this lane gets there).
-        local want = math.min(limit_of[lane] - (count_of(busy_of[i]) or 0), count - #picked)
+        local own = count_of(busy_of[i]) or 0
+        local group = math.max(count_of(group_of[i]) or 0, own)
+        local want = math.min(limit_of[lane] - group, count - #picked)
         if lane_page_limit > 0 then
             want = math.min(want, lane_page_limit - pages_of[lane])
         end
         if lane_page_limit > 0 and pages_of[lane] >= lane_page_limit then
             spent[#spent + 1] = lane
+        elseif not group_allows(lane, own, group, limit_of[lane], next_of[i]) then
+            -- not now: moved to its time in `hosts`
         elseif want <= 0 then
             host_schedule(lane) -- workers disagree on the concurrency: wait for a slot
         else
@@ -272,6 +326,7 @@ end
 if count > 0 then
     local due = redis.call("ZRANGEBYSCORE", hosts, "-inf", now_ms, "LIMIT", 0, count)
     local recount = lease_picked(pick(due))
+    move_held_lanes()
     page_limited = page_limit_drop(queue, backlog, spent)
     for _, lane in ipairs(recount) do
         -- A buried member may never have been counted: count the lane again.
@@ -287,6 +342,7 @@ if #members == 0 and redis.call("ZCARD", hosts) == 0 and redis.call("HLEN", infl
     local stranded = redis.call("ZRANGE", queue, 0, 99)
     local counted = #stranded > 0 and redis.call("HLEN", busy) or 0
     if counted > 0 then
+        group_forget(busy, group_busy) -- the group's other crawls keep their counts
         redis.call("DEL", busy)
         numbers_note(busy, "*", nil, "absent", counted .. " lane count(s) with nothing in flight")
     end

@@ -6,12 +6,25 @@ or for a finished crawl. A worker that registers later starts the crawl afresh.
 
 KEYS[1]  record   HASH   the crawl record (see register.lua): left holding only
                          purged_ms
-KEYS[2 ..]        every other key of the crawl
+KEYS[2]  busy     HASH   lane -> the crawl's requests in flight
+KEYS[3]  group_busy HASH lane -> the politeness group's requests in flight: the
+                         crawl's counts leave it (lib/group.lua), the key stays
+KEYS[4 ..]        every other key of the crawl
+
+Purged requests still in flight free their lanes' group slots here: their workers'
+acks will be refused (the crawl is gone), so no one else would.
 
 Returns the number of keys deleted.
 ]]
 -- #include clock
-local record = KEYS[1]
-local deleted = redis.call("UNLINK", unpack(KEYS))
+-- #include group
+local record, busy, group_busy = KEYS[1], KEYS[2], KEYS[3]
+-- UNLINK first: it is no "denyoom" command, so a purge works on a full Redis.
+local deleted = 0
+if #KEYS >= 4 then
+    deleted = redis.call("UNLINK", unpack(KEYS, 4))
+end
+group_forget(busy, group_busy)
+deleted = deleted + redis.call("UNLINK", record, busy)
 redis.call("HSET", record, "purged_ms", clock_ms())
 return deleted

@@ -16,7 +16,11 @@ KEYS[3]  queue     ZSET   queued requests
 KEYS[4]  inflight  HASH   leased requests
 KEYS[5]  stats     HASH   fleet-wide counters (acked: requests done)
 KEYS[6]  starting  ZSET   workers still producing start requests (this one is, now)
-KEYS[7 ..]         every other key of the crawl (deleted by a flush)
+KEYS[7]  busy      HASH   lane -> the crawl's requests in flight
+KEYS[8]  group_busy HASH  lane -> the politeness group's requests in flight: a flush
+                          takes the crawl's counts out of it (lib/group.lua), and
+                          keeps the key (it is the group's, not the crawl's)
+KEYS[9 ..]         every other key of the crawl (deleted by a flush)
 
 ARGV[1]  worker    worker id
 ARGV[2]  flush     "1" to flush, "0" not to
@@ -31,8 +35,10 @@ finished and nothing is queued or in flight; detail: "finished_ms acked") or
 "conflict" (detail: the crawl's spider; nothing was written); epoch is the crawl's.
 ]]
 -- #include clock
+-- #include group
 local workers, record, queue, inflight, stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local starting = KEYS[6]
+local busy, group_busy = KEYS[7], KEYS[8]
 local worker, flush, alive_ms = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local spider, fresh_epoch = ARGV[4], ARGV[5]
 local now_ms = clock_ms()
@@ -53,7 +59,11 @@ end
 -- write, and a worker must be able to register (a few bytes) on a full Redis.
 redis.call("ZREM", workers, worker)
 if flush == "1" and alive == 0 then
-    redis.call("DEL", unpack(KEYS))
+    group_forget(busy, group_busy)
+    redis.call("DEL", unpack(KEYS, 1, 7))
+    if #KEYS >= 9 then
+        redis.call("DEL", unpack(KEYS, 9))
+    end
     flushed = 1
     known = read_record()
 end

@@ -13,6 +13,7 @@ KEYS[7]  backlog   HASH   (lib/lanes.lua)
 KEYS[8]  host_next HASH   (lib/lanes.lua)
 KEYS[9]  record    HASH   the crawl record: writes only while it is the caller's crawl
 KEYS[10] lane_limits HASH lane -> its own most in flight (lib/lanes.lua)
+KEYS[11] group_busy HASH  lane -> the politeness group's requests in flight (lib/lanes.lua)
 
 ARGV[1]  epoch        the caller's crawl epoch ("": a tool, no check; lib/crawl.lua)
 ARGV[2]  concurrency  most requests of one lane in flight fleet-wide
@@ -31,12 +32,14 @@ local dead, queue, requeues, stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local hosts, busy, backlog, host_next = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local record = KEYS[9]
 local lane_limits = KEYS[10]
+local group_busy = KEYS[11]
 local epoch, concurrency = ARGV[1], tonumber(ARGV[2])
 local refused = crawl_refusal(record, epoch)
 if refused then
     return refused -- the crawl is gone: write nothing
 end
-lanes_init(queue, hosts, busy, backlog, host_next, concurrency, clock_ms(), lane_limits)
+lanes_init(queue, hosts, busy, backlog, host_next, concurrency, clock_ms(), lane_limits,
+           group_busy)
 keys_expect(dead, "hash", queue, "zset", requeues, "hash", hosts, "zset", busy, "hash",
             backlog, "hash", host_next, "hash")
 

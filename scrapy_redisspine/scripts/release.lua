@@ -16,6 +16,7 @@ KEYS[9]  host_next HASH   (lib/lanes.lua)
 KEYS[10] record    HASH   the crawl record: writes only while it is the caller's crawl
 KEYS[11] lane_limits HASH lane -> its own most in flight (lib/lanes.lua)
 KEYS[12] lane_pages HASH  lane -> requests leased: a put-back gives one back (lib/putback.lua)
+KEYS[13] group_busy HASH  lane -> the politeness group's requests in flight (lib/lanes.lua)
 
 ARGV[1]  epoch        the caller's crawl epoch ("": a tool, no check; lib/crawl.lua)
 ARGV[2]  owner        worker id
@@ -37,12 +38,14 @@ local queue, inflight, leases, stats, owned = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local hosts, busy, backlog, host_next = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
 local record = KEYS[10]
 local lane_limits, lane_pages = KEYS[11], KEYS[12]
+local group_busy = KEYS[13]
 local epoch, owner, concurrency = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local refused = crawl_refusal(record, epoch)
 if refused then
     return refused -- the crawl is gone: write nothing
 end
-lanes_init(queue, hosts, busy, backlog, host_next, concurrency, clock_ms(), lane_limits)
+lanes_init(queue, hosts, busy, backlog, host_next, concurrency, clock_ms(), lane_limits,
+           group_busy)
 entry_init(inflight, leases, owned)
 keys_expect(queue, "zset", inflight, "hash", leases, "zset", owned, "zset", hosts, "zset",
             busy, "hash", backlog, "hash", host_next, "hash", lane_pages, "hash")

@@ -18,6 +18,7 @@ KEYS[10] dead      HASH   dead letters: order key -> reason \n entry (in-flight 
 KEYS[11] record    HASH   the crawl record: writes only while it is the caller's crawl
 KEYS[12] lane_limits HASH lane -> its own most in flight (lib/lanes.lua)
 KEYS[13] lane_pages HASH  lane -> requests leased: a put-back gives one back (lib/putback.lua)
+KEYS[14] group_busy HASH  lane -> the politeness group's requests in flight (lib/lanes.lua)
 
 ARGV[1]  epoch        the caller's crawl epoch ("": a tool, no check; lib/crawl.lua)
 ARGV[2]  owner        worker id
@@ -40,12 +41,14 @@ local owned, inflight, leases, queue, stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local hosts, busy, backlog, host_next, dead = KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
 local record = KEYS[11]
 local lane_limits, lane_pages = KEYS[12], KEYS[13]
+local group_busy = KEYS[14]
 local epoch, owner, limit, concurrency = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local refused = crawl_refusal(record, epoch)
 if refused then
     return refused -- the crawl is gone: write nothing
 end
-lanes_init(queue, hosts, busy, backlog, host_next, concurrency, clock_ms(), lane_limits)
+lanes_init(queue, hosts, busy, backlog, host_next, concurrency, clock_ms(), lane_limits,
+           group_busy)
 entry_init(inflight, leases, owned)
 keys_expect(owned, "zset", inflight, "hash", leases, "zset", queue, "zset", hosts, "zset",
             busy, "hash", backlog, "hash", host_next, "hash", dead, "hash",

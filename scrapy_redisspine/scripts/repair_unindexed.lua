@@ -33,6 +33,7 @@ KEYS[12] host_next HASH   (lib/lanes.lua)
 KEYS[13] host_delay HASH  lane -> Crawl-delay (s) learned from robots.txt
 KEYS[14] record    HASH   the crawl record: writes only while it is the caller's crawl
 KEYS[15] lane_limits HASH lane -> its own most in flight (lib/lanes.lua)
+KEYS[16] group_busy HASH  lane -> the politeness group's requests in flight (lib/lanes.lua)
 
 ARGV[1]  epoch        the caller's crawl epoch ("": a tool, no check; lib/crawl.lua)
 ARGV[2]  cursor        "0" to start a pass, else the cursor the last step returned
@@ -61,6 +62,7 @@ local queue, dead, requeues, stats = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local hosts, busy, backlog, host_next, host_delay = KEYS[9], KEYS[10], KEYS[11], KEYS[12], KEYS[13]
 local record = KEYS[14]
 local lane_limits = KEYS[15]
+local group_busy = KEYS[16]
 local epoch, cursor, limit, timeout_ms = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local max_requeues, concurrency, rest_ms = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local refused = crawl_refusal(record, epoch)
@@ -72,7 +74,8 @@ for i = 8, #ARGV - 1, 2 do
     lane_rests[ARGV[i]] = tonumber(ARGV[i + 1])
 end
 local now_ms = clock_ms()
-lanes_init(queue, hosts, busy, backlog, host_next, concurrency, now_ms, lane_limits)
+lanes_init(queue, hosts, busy, backlog, host_next, concurrency, now_ms, lane_limits,
+           group_busy)
 entry_init(inflight, leases, owned)
 requeue_init(queue, requeues, dead, host_delay, max_requeues, rest_ms, lane_rests)
 keys_expect(inflight, "hash", leases, "zset", owned, "zset", workers, "zset", queue, "zset",

@@ -22,6 +22,7 @@ KEYS[12] host_next HASH   (lib/lanes.lua)
 KEYS[13] host_delay HASH  lane -> Crawl-delay (s) learned from robots.txt
 KEYS[14] record    HASH   the crawl record: writes only while it is the caller's crawl
 KEYS[15] lane_limits HASH lane -> its own most in flight (lib/lanes.lua)
+KEYS[16] group_busy HASH  lane -> the politeness group's requests in flight (lib/lanes.lua)
 
 ARGV[1]  epoch        the caller's crawl epoch ("": a tool, no check; lib/crawl.lua)
 ARGV[2]  timeout_ms    a worker silent for longer is dead
@@ -57,6 +58,7 @@ local concurrency, rest_ms = tonumber(ARGV[6]), tonumber(ARGV[7])
 local hosts, busy, backlog, host_next, host_delay = KEYS[9], KEYS[10], KEYS[11], KEYS[12], KEYS[13]
 local record = KEYS[14]
 local lane_limits = KEYS[15]
+local group_busy = KEYS[16]
 local refused = crawl_refusal(record, epoch)
 if refused then
     return refused -- the crawl is gone: write nothing
@@ -73,7 +75,8 @@ if sweeper ~= "" then
         return { 0, 0, 0, {} } -- a stall, not deaths: every heartbeat is old
     end
 end
-lanes_init(queue, hosts, busy, backlog, host_next, concurrency, now_ms, lane_limits)
+lanes_init(queue, hosts, busy, backlog, host_next, concurrency, now_ms, lane_limits,
+           group_busy)
 entry_init(inflight, leases, owned)
 keys_expect(workers, "zset", owned, "zset", inflight, "hash", leases, "zset", queue, "zset",
             dead, "hash", requeues, "hash", hosts, "zset", busy, "hash", backlog, "hash",

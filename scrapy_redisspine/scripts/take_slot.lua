@@ -23,6 +23,7 @@ KEYS[9]  backlog   HASH   (lib/lanes.lua)
 KEYS[10] host_next HASH   (lib/lanes.lua)
 KEYS[11] record    HASH   the crawl record: writes only while it is the caller's crawl
 KEYS[12] lane_limits HASH lane -> its own most in flight (lib/lanes.lua)
+KEYS[13] group_busy HASH  lane -> the politeness group's requests in flight (lib/lanes.lua)
 
 ARGV[1]  epoch        the caller's crawl epoch (lib/crawl.lua)
 ARGV[2]  owner        worker id
@@ -33,7 +34,8 @@ ARGV[6]  payload      the marker naming the request
 
 Returns { order key, token, wait_ms, repairs }: the lease (order key "" when the
 lane has no free slot or is resting), and in how many ms the lane is due (0: a
-slot is busy, ask again when one is freed).
+slot is busy, ask again when one is freed). Slots and rest are the politeness
+group's: a slot held by another crawl of the group counts as busy.
 ]]
 -- #include clock
 -- #include crawl
@@ -45,6 +47,7 @@ local inflight, leases, owned, seq, stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4], 
 local queue, hosts, busy, backlog, host_next = KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
 local record = KEYS[11]
 local lane_limits = KEYS[12]
+local group_busy = KEYS[13]
 local epoch, owner, concurrency = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local lane, priority, payload = ARGV[4], ARGV[5], ARGV[6]
 local refused = crawl_refusal(record, epoch)
@@ -52,11 +55,13 @@ if refused then
     return refused -- the crawl is gone: write nothing
 end
 local now_ms = clock_ms()
-lanes_init(queue, hosts, busy, backlog, host_next, concurrency, now_ms, lane_limits)
+lanes_init(queue, hosts, busy, backlog, host_next, concurrency, now_ms, lane_limits,
+           group_busy)
 keys_expect(inflight, "hash", leases, "zset", owned, "zset", busy, "hash", host_next, "hash")
 
 local read = lanes_read({ lane })
-local in_flight = count_of(read[1][1]) or 0
+-- The group's count includes this crawl's; the larger one rules should they disagree.
+local in_flight = math.max(count_of(read[1][1]) or 0, count_of(read[5][1]) or 0)
 local next_at = time_of(read[3][1]) or 0
 if in_flight >= read[4][lane] then
     return { "", 0, 0, numbers_repairs() }

@@ -27,6 +27,7 @@ import socketserver
 import sys
 import threading
 import time
+from collections import Counter
 from email.utils import formatdate
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -41,7 +42,6 @@ from scrapy_redisspine.testing.requestlog import RequestLog, count_page_fetches,
 __all__ = ["TestSite", "count_page_fetches", "main", "read_log"]
 
 if TYPE_CHECKING:
-    from collections import Counter
     from collections.abc import Iterable, Mapping, Sequence
 
 _PAGE_PATH = re.compile(r"^/p/(\d+)$")
@@ -109,9 +109,15 @@ class TestSite(Service):
         busy_paths: Mapping[str, float] | None = None,
         robots_txt: str | None = None,
         port: int = 0,
+        load_latency: float = 0.0,
     ) -> None:
         self.graph = LinkGraph(hosts, pages_per_host, fanout, seed, tracking_params)
         self.latency = latency
+        # Seconds more per request the host is already serving: a server that slows
+        # down under load (what AutoThrottle must back off from).
+        self.load_latency = load_latency
+        self._serving: Counter[str] = Counter()
+        self._serving_lock = threading.Lock()
         self.slow_paths = frozenset(slow_paths)
         self.slow_latency = slow_latency
         # "127.0.0.10/p/2" -> seconds: answered once with 429 and that Retry-After.
@@ -252,8 +258,18 @@ class TestSite(Service):
     def _delay(self, host: str, path: str) -> None:
         slow = path in self.slow_paths or f"{host}{path}" in self.slow_paths
         seconds = self.slow_latency if slow else self.latency
-        if seconds > 0:
+        if not self.load_latency:
+            if seconds > 0:
+                time.sleep(seconds)
+            return
+        with self._serving_lock:
+            seconds += self.load_latency * self._serving[host]
+            self._serving[host] += 1
+        try:
             time.sleep(seconds)
+        finally:
+            with self._serving_lock:
+                self._serving[host] -= 1
 
     def _render(self, host: int, page: int) -> str:
         port = self.port

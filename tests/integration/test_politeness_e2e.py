@@ -152,3 +152,47 @@ def test_robots_crawl_delay_is_learned_once_and_kept_by_the_fleet(
         assert min(gaps[1:]) >= crawl_delay - CLOCK_SLACK, f"{host}: {gaps}"
     learned = sum(r.stats.get("redisspine/politeness/crawl_delays_learned", 0) for r in results)
     assert learned >= 2
+
+
+def _named_fetches(site: TestSite, named: set[str]) -> list[tuple[float, float, str]]:
+    return sorted(
+        (r["start"], r["end"], r["host_header"]) for r in site.requests()
+        if r.get("host_header") in named and "error" not in r
+    )
+
+
+@pytest.mark.parametrize(("key", "shared"), [("ip", True), ("host", False)])
+def test_ip_mode_gives_the_names_of_one_address_one_budget(
+    fleet: Fleet, site_factory: SiteFactory, key: str, shared: bool
+) -> None:
+    """Three names of 127.0.0.10 (virtual hosts of one server) and one of 127.0.0.11,
+    mapped by Scrapy's DNS_RESOLVER (no /etc/hosts); "host" is the control."""
+    delay = 0.3
+    site = site_factory(hosts=2, pages_per_host=6, fanout=2, latency=0.05)
+    names = {"a.one.test": "127.0.0.10", "b.one.test": "127.0.0.10",
+             "c.one.test": "127.0.0.10", "d.two.test": "127.0.0.11"}
+    settings = fleet.crawling(
+        LINKS_START_URLS=",".join(f"http://{name}:{site.port}/p/0" for name in names),
+        LINKS_HOST_MAP=names,
+        DNS_RESOLVER="testproject.resolver.MappedResolver",
+        TWISTED_DNS_RESOLVER="testproject.resolver.MappedResolver",
+        REDISSPINE_POLITENESS_KEY=key,
+        DOWNLOAD_DELAY=delay,
+    )
+    results = fleet.run(3, settings)
+    assert_finished(results)
+    one = {f"{name}:{site.port}" for name, ip in names.items() if ip == "127.0.0.10"}
+    times = _named_fetches(site, one)
+    assert {host for _, _, host in times} == one, "every name was crawled"
+    gaps = [later[0] - earlier[1] for earlier, later in pairwise(times)]
+    if shared:
+        # One budget for 127.0.0.10: its names' fetches never overlap and keep the
+        # delay between them, although they are three hosts to Scrapy.
+        assert min(gaps) >= delay - CLOCK_SLACK, f"gap {min(gaps):.3f} s across names"
+        # ... and the other address kept a budget of its own, crawled meanwhile.
+        other = _named_fetches(site, {f"d.two.test:{site.port}"})
+        assert other[0][0] < times[-1][0]
+        resolved = sum(r.stats.get("redisspine/politeness/ip_unresolved", 0) for r in results)
+        assert resolved == 0
+    else:
+        assert min(gaps) < delay - CLOCK_SLACK, "the control: three budgets"

@@ -117,3 +117,32 @@ def test_features_left_off_by_default_are_disabled_without_a_warning(
     with caplog.at_level(logging.WARNING):
         build_from_crawler(ExtensionManager, crawler)
     assert [r.getMessage() for r in caplog.records if "redisspine" in r.getMessage()] == []
+
+
+def test_scrapys_own_autothrottle_is_not_active_under_the_addon() -> None:
+    """With AUTOTHROTTLE_ENABLED the fleet throttles each lane in Redis: Scrapy's
+    per-process extension must not run on top (the two would stack)."""
+    from scrapy.extension import ExtensionManager
+    from scrapy.extensions.throttle import AutoThrottle
+    from scrapy.utils.misc import build_from_crawler
+
+    settings = {"AUTOTHROTTLE_ENABLED": True, "REDISSPINE_REDIS_URL": "redis://127.0.0.1:1"}
+    plain = build_from_crawler(ExtensionManager, get_crawler(AddonSpider, settings))
+    assert any(isinstance(ext, AutoThrottle) for ext in plain.middlewares), "the control"
+    crawler = get_crawler(AddonSpider, {**settings, "ADDONS": {Addon: 0}})
+    extensions = build_from_crawler(ExtensionManager, crawler)
+    assert not any(isinstance(ext, AutoThrottle) for ext in extensions.middlewares)
+    assert crawler.settings.getbool("AUTOTHROTTLE_ENABLED"), "left on for the fleet's rule"
+
+
+def test_a_project_enabling_autothrottle_by_hand_still_gets_it_off() -> None:
+    from scrapy.extension import ExtensionManager
+    from scrapy.extensions.throttle import AutoThrottle
+    from scrapy.utils.misc import build_from_crawler
+
+    crawler = get_crawler(AddonSpider, {
+        "ADDONS": {Addon: 0}, "AUTOTHROTTLE_ENABLED": True,
+        "EXTENSIONS": {"scrapy.extensions.throttle.AutoThrottle": 0},
+    })
+    extensions = build_from_crawler(ExtensionManager, crawler)
+    assert not any(isinstance(ext, AutoThrottle) for ext in extensions.middlewares)

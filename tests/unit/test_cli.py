@@ -271,3 +271,26 @@ def test_status_watch_refreshes_until_interrupted(
     assert run(redis_url, "status", "books", "--watch", "2") == 130
     assert sleeps == [2.0, 2.0]
     assert capsys.readouterr().out.count("crawl books: waiting for workers") == 2
+
+
+def test_sweep_gives_a_dead_crawls_slots_back_to_the_politeness_group(
+    redis_url: str, real_redis: redis.Redis, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A crawl whose only worker died holding a lane: another crawl of the group waits
+    for that lane until someone sweeps the dead crawl."""
+    import hashlib
+
+    dead = Frontier(real_redis, KEYS, "gone")
+    other = Frontier(real_redis, CrawlKeys("redisspine", "papers"), "alive")
+    for frontier, name in ((dead, b"books"), (other, b"papers")):
+        frontier.enqueue([NewRequest(name, hashlib.sha1(name).digest(), lane="shared.test")])
+    dead.heartbeat()
+    assert len(dead.lease(1).leases) == 1
+    seconds, _ = real_redis.time()
+    real_redis.zadd(KEYS.workers, {"gone": (seconds - 3600) * 1000})
+    assert other.lease(1).leases == [], "the lane's one slot is the dead crawl's"
+    assert run(redis_url, "sweep", "books") == 0
+    assert "1 lease(s) requeued" in capsys.readouterr().out
+    assert not real_redis.exists(KEYS.group_busy)
+    real_redis.zadd(other.keys.hosts, {"shared.test": 0}, xx=True)  # skip the re-check wait
+    assert [lease.payload for lease in other.lease(1).leases] == [b"papers"]

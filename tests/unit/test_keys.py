@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from scrapy_redisspine.keys import CrawlKeys
+from scrapy_redisspine.keys import GROUP_KEY_NAMES, CrawlKeys
 
 
 def _properties() -> list[str]:
@@ -15,15 +15,36 @@ def _all_keys(keys: CrawlKeys) -> dict[str, str]:
     return {name: getattr(keys, name) for name in _properties()}
 
 
+def _tag(key: str) -> str:
+    # Redis Cluster hashes the text between the first "{" and the next "}".
+    start = key.index("{")
+    return key[start + 1 : key.index("}", start)]
+
+
 def test_every_crawl_key_shares_the_crawl_hash_tag() -> None:
     keys = CrawlKeys("redisspine", "books")
     for name, key in _all_keys(keys).items():
-        if name == "crawls":
+        if name == "crawls" or name in GROUP_KEY_NAMES:
             continue
         assert key.startswith("redisspine:"), key
-        # Redis Cluster hashes the text between the first "{" and the next "}".
-        start = key.index("{")
-        assert key[start + 1 : key.index("}", start)] == "books", key
+        assert _tag(key) == "books", key
+
+
+def test_group_keys_share_the_groups_own_hash_tag() -> None:
+    keys = CrawlKeys("redisspine", "books", "shops")
+    assert {_tag(key) for key in keys.group_keys()} == {"g:shops"}
+    assert all(key.startswith("redisspine:") for key in keys.group_keys())
+    assert CrawlKeys("redisspine", "books").group == "default"
+
+
+def test_crawls_of_one_group_share_its_keys_and_no_other() -> None:
+    first = CrawlKeys("redisspine", "a", "shops")
+    second = CrawlKeys("redisspine", "b", "shops")
+    other = CrawlKeys("redisspine", "a", "news")
+    assert first.group_keys() == second.group_keys()
+    assert not set(first.group_keys()) & set(other.group_keys())
+    assert not set(first.all_crawl_keys()) & set(second.all_crawl_keys())
+    assert first.all_crawl_keys() == other.all_crawl_keys()
 
 
 def test_crawl_keys_are_distinct() -> None:
@@ -31,11 +52,11 @@ def test_crawl_keys_are_distinct() -> None:
     assert len(set(keys.values())) == len(keys)
 
 
-def test_two_crawls_share_no_key_but_the_registry() -> None:
+def test_two_crawls_share_no_key_but_the_registry_and_their_group() -> None:
     first = _all_keys(CrawlKeys("redisspine", "a"))
     second = _all_keys(CrawlKeys("redisspine", "b"))
     shared = set(first.values()) & set(second.values())
-    assert shared == {first["crawls"]}
+    assert shared == {first["crawls"], *(first[name] for name in GROUP_KEY_NAMES)}
 
 
 def test_crawl_ids_that_prefix_each_other_share_no_key() -> None:
@@ -56,6 +77,12 @@ def test_braces_in_crawl_id_are_rejected(crawl_id: str) -> None:
         CrawlKeys("redisspine", crawl_id)
 
 
+@pytest.mark.parametrize("group", ["sh{ops", "shops}", ""])
+def test_braces_or_nothing_in_group_are_rejected(group: str) -> None:
+    with pytest.raises(ValueError, match=r"hash tag|empty"):
+        CrawlKeys("redisspine", "books", group)
+
+
 @pytest.mark.parametrize("prefix", ["red{is", "red}is"])
 def test_braces_in_prefix_are_rejected(prefix: str) -> None:
     with pytest.raises(ValueError, match="hash tag"):
@@ -67,9 +94,10 @@ def test_empty_crawl_id_is_rejected() -> None:
         CrawlKeys("redisspine", "")
 
 
-def test_all_crawl_keys_covers_every_property_but_the_registry() -> None:
+def test_all_crawl_keys_covers_every_property_but_the_registry_and_the_group() -> None:
     keys = CrawlKeys("redisspine", "books")
-    expected = {value for name, value in _all_keys(keys).items() if name != "crawls"}
+    expected = {value for name, value in _all_keys(keys).items()
+                if name != "crawls" and name not in GROUP_KEY_NAMES}
     assert set(keys.all_crawl_keys()) == expected
     assert len(keys.all_crawl_keys()) == len(expected)
     assert keys.crawls not in keys.all_crawl_keys()

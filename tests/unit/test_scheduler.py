@@ -650,12 +650,13 @@ def test_buffered_ack_rest_counts_from_the_end_of_the_fetch() -> None:
     from scrapy_redisspine._outbox import ack_args
 
     sent = ack_args([
-        ("k1", "t", 1000, 99.75),  # waited 250 ms: 750 ms of rest left (+1 for rounding)
-        ("k2", "t", 1000, 95.0),  # waited longer than its rest
-        ("k3", "t", 500, 100.0),  # sent at once
-        ("k4", "t", 0, 99.0),
+        ("k1", "t", 1000, 99.75, -1, 0),  # waited 250 ms: 750 ms of rest left (+1: rounding)
+        ("k2", "t", 1000, 95.0, -1, 0),  # waited longer than its rest
+        ("k3", "t", 500, 100.0, 120, 200),  # sent at once, with an AutoThrottle sample
+        ("k4", "t", 0, 99.0, -1, 0),
     ], now=100.0)
-    assert sent == [("k1", "t", 751), ("k2", "t", 0), ("k3", "t", 500), ("k4", "t", 0)]
+    assert sent == [("k1", "t", 751, -1, 0), ("k2", "t", 0, -1, 0), ("k3", "t", 500, 120, 200),
+                    ("k4", "t", 0, -1, 0)]
 
 
 def test_acks_survive_a_script_flush(

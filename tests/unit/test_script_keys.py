@@ -52,7 +52,7 @@ def test_more_keys_follow_the_named_ones_where_the_header_allows() -> None:
     assert scripts.takes_more_keys("register")
     assert script_set.keys("register", [KEYS.seen]) == (
         KEYS.workers, KEYS.record, KEYS.queue, KEYS.inflight, KEYS.stats, KEYS.starting,
-        KEYS.seen,
+        KEYS.busy, KEYS.group_busy, KEYS.seen,
     )
     assert not scripts.takes_more_keys("lease")
     with pytest.raises(ValueError, match=r"lease\.lua takes only the keys its header names"):

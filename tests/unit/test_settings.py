@@ -17,6 +17,7 @@ from scrapy_redisspine.settings import (
     ConfigError,
     Setting,
     SpineConfig,
+    Throttle,
     known_names,
     load_config,
 )
@@ -74,6 +75,7 @@ def test_defaults() -> None:
         "memory_budget_bytes": 0,
         "host_concurrency": 1,
         "politeness_key": "host",
+        "politeness_group": "default",
         "host_delays": (),
         "max_crawl_delay_seconds": 60.0,
         "max_retry_after_seconds": 600.0,
@@ -101,6 +103,7 @@ def test_defaults() -> None:
         "closespider_itemcount": 0,
         "closespider_errorcount": 0,
         "closespider_timeout": 0.0,
+        "autothrottle": None,
     }
 
 
@@ -147,6 +150,7 @@ FROM_SCRAPY_SETTINGS = {
     "closespider_itemcount": "CLOSESPIDER_ITEMCOUNT",
     "closespider_errorcount": "CLOSESPIDER_ERRORCOUNT",
     "closespider_timeout": "CLOSESPIDER_TIMEOUT",
+    "autothrottle": "AUTOTHROTTLE_ENABLED",  # and its _START_DELAY, _MAX_DELAY ...
 }
 
 
@@ -426,3 +430,15 @@ def test_allowed_item_classes() -> None:
     assert config.allowed_item_classes == ("a.B",)
     with pytest.raises(ConfigError, match="REDISSPINE_ALLOWED_ITEM_CLASSES"):
         load_config({"REDISSPINE_ALLOWED_ITEM_CLASSES": ["a.B", 3]})
+
+
+def test_autothrottle_is_read_from_scrapys_settings() -> None:
+    config = load_config({"AUTOTHROTTLE_ENABLED": True, "AUTOTHROTTLE_START_DELAY": "2",
+                          "AUTOTHROTTLE_TARGET_CONCURRENCY": 2.0, "AUTOTHROTTLE_DEBUG": "1"})
+    assert config.autothrottle == Throttle(2.0, 60.0, 2.0, True)
+    assert load_config({"AUTOTHROTTLE_ENABLED": False}).autothrottle is None
+
+
+def test_autothrottle_target_concurrency_must_be_above_zero() -> None:
+    with pytest.raises(ConfigError, match="AUTOTHROTTLE_TARGET_CONCURRENCY"):
+        load_config({"AUTOTHROTTLE_ENABLED": True, "AUTOTHROTTLE_TARGET_CONCURRENCY": 0})

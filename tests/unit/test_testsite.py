@@ -148,6 +148,25 @@ def test_latency_delays_responses_but_not_concurrent_ones(site_factory: SiteFact
     assert all(r["end"] - r["start"] >= 0.19 for r in site.requests())
 
 
+def test_load_latency_grows_with_what_the_host_already_serves(
+    site_factory: SiteFactory,
+) -> None:
+    site = site_factory(hosts=2, pages_per_host=10, latency=0.3, load_latency=0.2)
+    fetch(page_url(0, 0, site.port))
+    alone = site.requests()[-1]
+    assert 0.3 <= alone["end"] - alone["start"] < 0.5, "nothing else served: no extra"
+    urls = [page_url(0, page, site.port) for page in range(1, 4)]
+    with ThreadPoolExecutor(len(urls)) as pool:
+        list(pool.map(fetch, urls))
+    took = sorted(r["end"] - r["start"] for r in site.requests()[1:])
+    # three at once (each takes 0.3 s: they overlap): the 2nd and 3rd arrivals wait
+    # 0.2 s and 0.4 s more
+    assert took[-1] >= 0.3 + 0.4 - 0.01, took
+    fetch(page_url(1, 0, site.port))
+    other = site.requests()[-1]
+    assert other["end"] - other["start"] < 0.5, "another host's load is its own"
+
+
 def test_slow_paths_get_their_own_latency(site_factory: SiteFactory) -> None:
     site = site_factory(hosts=2, slow_paths={"/p/1", "127.0.0.11/p/2"}, slow_latency=0.3)
     for url, slow in [("127.0.0.10:{}/p/1", True), ("127.0.0.10:{}/p/2", False),

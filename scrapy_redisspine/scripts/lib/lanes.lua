@@ -5,18 +5,29 @@ lanes a lease, an ack batch or an enqueue batch touches; the single-lane helpers
 the end use the same code.
 Includes batch, member, numbers. Needs lanes_init called first (by the script).
 
-lanes_init(queue, hosts, busy, backlog, host_next, concurrency, now_ms, limits)
+lanes_init(queue, hosts, busy, backlog, host_next, concurrency, now_ms, limits, group_busy)
   queue        ZSET  the crawl's queue (a lane's requests are one lex range of it)
   hosts        ZSET  lane -> time (ms) it may next be leased; holds exactly the lanes
-                     with queued requests and a free slot
-  busy         HASH  lane -> requests in flight fleet-wide
+                     with queued requests and a free slot of this crawl's own
+  busy         HASH  lane -> this crawl's requests in flight fleet-wide
   backlog      HASH  lane -> requests queued
   host_next    HASH  lane -> earliest time (ms) of its next fetch (end of the last
-                     fetch + delay, or a Retry-After block)
+                     fetch + delay, or a Retry-After block); the politeness group's
   concurrency  number, most requests of one lane in flight fleet-wide
   now_ms       number, the script's clock_ms() (one reading per script call)
   limits       HASH  lane -> its own most in flight (Scrapy's DOWNLOAD_SLOTS), instead
                      of concurrency; read only when it exists (usually it does not)
+  group_busy   HASH  lane -> the politeness group's requests in flight: every change
+                     of `busy` is made to it too, so it is the sum over the group's
+                     crawls (lease.lua checks it before it takes a slot)
+
+Politeness groups. host_next and group_busy are shared by the crawls of a group;
+hosts and busy are this crawl's. A lane's time in `hosts` is therefore only a lower
+bound: another crawl may have fetched the lane since (host_next moved) or hold its
+slots (group_busy full), and its ack cannot write this crawl's `hosts`. lease.lua
+checks both for each due lane and moves the lane to its real time, or to a short
+re-check when the slots are held elsewhere; here a lane is due or not by this crawl's
+own count, as with a single crawl.
 
 lanes_limit_of(lanes) -> lane -> most requests of that lane in flight fleet-wide
 
@@ -50,15 +61,17 @@ absent (the lane is due).
 -- #include numbers
 -- Kept in upvalues: read on every lane of every batch, cheaper than a table's fields.
 local lanes_queue, lanes_hosts, lanes_busy, lanes_backlog, lanes_next
-local lanes_concurrency, lanes_now, lanes_limits
+local lanes_concurrency, lanes_now, lanes_limits, lanes_group_busy
 
-local function lanes_init(queue, hosts, busy, backlog, host_next, concurrency, now_ms, limits)
+local function lanes_init(queue, hosts, busy, backlog, host_next, concurrency, now_ms, limits,
+                          group_busy)
     if not (queue and hosts and busy and backlog and host_next and concurrency and now_ms
-            and limits) then
+            and limits and group_busy) then
         error("lanes_init: a key or number is missing")
     end
     lanes_queue, lanes_hosts, lanes_busy, lanes_backlog = queue, hosts, busy, backlog
     lanes_next, lanes_concurrency, lanes_now = host_next, concurrency, now_ms
+    lanes_group_busy = group_busy
     -- Usually no lane has a limit of its own: then no HMGET of it per batch.
     lanes_limits = redis.call("EXISTS", limits) == 1 and limits or nil
 end
@@ -86,16 +99,39 @@ end
 
 local function lanes_read(lanes)
     return { hmget_in_chunks(lanes_busy, lanes), hmget_in_chunks(lanes_backlog, lanes),
-             hmget_in_chunks(lanes_next, lanes), lanes_limit_of(lanes) }
+             hmget_in_chunks(lanes_next, lanes), lanes_limit_of(lanes),
+             hmget_in_chunks(lanes_group_busy, lanes) }
+end
+
+-- The group's count follows the crawl's: the same change, repaired the same way (a
+-- count that is no number is taken as absent), never below 0.
+local function group_count(lane, raw, change, set, del)
+    local in_flight = count_of(raw)
+    if not in_flight then
+        numbers_note(lanes_group_busy, lane, raw, "absent")
+        in_flight, change = 0, change or 0
+    end
+    if change then
+        in_flight = math.max(in_flight + change, 0)
+        if in_flight > 0 then
+            set[#set + 1] = lane
+            set[#set + 1] = in_flight
+        else
+            del[#del + 1] = lane
+        end
+    end
 end
 
 local function lanes_write(lanes, read, d_busy, d_backlog, rests, nx)
     local busy_of, backlog_of, next_of, limit_of = read[1], read[2], read[3], read[4]
+    local group_of = read[5]
     local busy_set, busy_del, backlog_set, backlog_del = {}, {}, {}, {}
     local next_set, next_del, due, not_due = {}, {}, {}, {}
+    local group_set, group_del = {}, {}
     for i, lane in ipairs(lanes) do
         local busy_change = d_busy and d_busy[lane]
         local backlog_change = d_backlog and d_backlog[lane]
+        group_count(lane, group_of[i], busy_change, group_set, group_del)
         local in_flight = count_of(busy_of[i])
         if not in_flight then
             numbers_note(lanes_busy, lane, busy_of[i], "absent")
@@ -155,6 +191,8 @@ local function lanes_write(lanes, read, d_busy, d_backlog, rests, nx)
     end
     call_in_chunks("HSET", lanes_busy, busy_set)
     call_in_chunks("HDEL", lanes_busy, busy_del)
+    call_in_chunks("HSET", lanes_group_busy, group_set)
+    call_in_chunks("HDEL", lanes_group_busy, group_del)
     call_in_chunks("HSET", lanes_backlog, backlog_set)
     call_in_chunks("HDEL", lanes_backlog, backlog_del)
     call_in_chunks("HDEL", lanes_next, next_del) -- before HSET: a lane may be in both
