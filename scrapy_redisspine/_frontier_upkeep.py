@@ -8,6 +8,7 @@ see the upkeep calls and nothing of the hot path. Scrapy-free.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -269,6 +270,7 @@ class FrontierUpkeep:
         rest = [key for key in self.keys.all_crawl_keys() if key not in named]
         deleted = int(self._scripts.run("purge", [], rest))
         self.client.srem(self.keys.crawls, self.keys.crawl_id)  # outside the crawl's slot
+        self.client.srem(self.keys.group_crawls, self.keys.crawl_id)
         return deleted
 
     def purge_if_done(self, epoch: str = "", alive_ms: int = 30_000) -> bool:
@@ -284,7 +286,29 @@ class FrontierUpkeep:
         purged = int(self._scripts.run("purge_if_done", [self.worker_id, epoch, alive_ms], rest))
         if purged == 2:  # a separate command: the registry lies outside the crawl's slot
             self.client.srem(self.keys.crawls, self.keys.crawl_id)
+            self.client.srem(self.keys.group_crawls, self.keys.crawl_id)
         return purged == 2
+
+    # -- the politeness group's other crawls ----------------------------------------------
+
+    def group_crawls(self, limit: int) -> list[str]:
+        """Up to ``limit`` other crawl ids of this crawl's politeness group."""
+        members = self.client.srandmember(self.keys.group_crawls, limit + 1) or []
+        ids = sorted({text(member) for member in members} - {self.keys.crawl_id})
+        return ids[:limit]
+
+    def of_crawl(self, crawl_id: str) -> FrontierUpkeep | None:
+        """The upkeep of another crawl of the group, holding that crawl's epoch (so
+        its scripts write nothing once it is gone); None, and the crawl leaves the
+        group's registry, when its record is gone (purged, or lost)."""
+        keys = dataclasses.replace(self.keys, crawl_id=crawl_id)
+        epoch = self.client.hget(keys.record, "epoch")
+        if epoch is None:
+            self.client.srem(self.keys.group_crawls, crawl_id)
+            return None
+        other = FrontierUpkeep(self.client, keys, self.worker_id, concurrency=self.concurrency)
+        other.epoch = text(epoch)
+        return other
 
 
 def _pairs(lane_rests: Mapping[str, int] | None) -> list[str | int]:

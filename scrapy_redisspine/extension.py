@@ -55,6 +55,12 @@ logger = logging.getLogger(__name__)
 
 _SWEEP_LIMIT = 1000
 _UNINDEXED_STEP = 200  # in-flight entries looked at per sweep (HSCAN COUNT)
+#: Another crawl of the politeness group is swept only for workers silent this many
+#: times this worker's own REDISSPINE_WORKER_TIMEOUT_SECONDS: that crawl's workers may
+#: heartbeat more slowly, and its own live workers sweep it first.
+OTHER_CRAWL_TIMEOUT_FACTOR = 3
+#: Other crawls of the group looked at per sweep (a random few, if there are more).
+_OTHER_CRAWLS_PER_SWEEP = 20
 
 
 class Recovery:
@@ -105,6 +111,7 @@ class Recovery:
             worker.guard.healthy_for() >= self.config.worker_timeout_seconds
         ):
             self._guarded(worker, "sweep", self._sweep_leases)
+            self._guarded(worker, "group_sweep", self._sweep_group)
             self._guarded(worker, "unindexed", self._repair_unindexed)
         self._guarded(worker, "fleet_read", self._read_fleet)
         self._guarded(worker, "memory", self._watch_memory)
@@ -151,6 +158,38 @@ class Recovery:
                 result.requeued, result.workers_removed, result.dead_lettered,
             )
             worker.wake()
+
+    def _sweep_group(self, worker: signals.WorkerView) -> None:
+        """Sweep the other crawls of the politeness group for workers long dead.
+
+        Their leases hold the group's lane slots, which this crawl's lanes share: a
+        crawl whose workers all died would keep them until one of its own workers
+        started again, and every other crawl of the group would wait on those lanes.
+        The leases go back to their own crawl's queue, as its own sweep would put
+        them; that crawl's epoch is checked, so a purged crawl is left alone."""
+        for crawl_id in worker.upkeep.group_crawls(_OTHER_CRAWLS_PER_SWEEP):
+            other = worker.upkeep.of_crawl(crawl_id)
+            if other is None:
+                continue
+            result = other.requeue_stale(
+                timeout_ms=OTHER_CRAWL_TIMEOUT_FACTOR * self.config.worker_timeout_ms,
+                ceiling_ms=0,  # that crawl's own ceiling is its workers' business
+                max_requeues=self.config.max_requeues,
+                limit=_SWEEP_LIMIT,
+                **self._rests(worker),
+            )
+            worker.guard.repaired("group_sweep", result.repairs)
+            if result.requeued or result.dead_lettered:
+                self.stats.inc_value("redisspine/recovery/group_requeued", result.requeued)
+                self.stats.inc_value("redisspine/recovery/group_dead_lettered",
+                                     result.dead_lettered)
+                logger.warning(
+                    "redisspine: crawl %r of politeness group %r had %d dead worker(s) "
+                    "holding the group's lane slots: requeued %d lease(s) into its queue "
+                    "(%d to its dead letters)", crawl_id, worker.upkeep.keys.group,
+                    result.workers_removed, result.requeued, result.dead_lettered,
+                )
+                worker.wake()
 
     def _repair_unindexed(self, worker: signals.WorkerView) -> None:
         """One bounded step through the in-flight entries that no index points to

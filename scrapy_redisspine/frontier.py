@@ -198,6 +198,9 @@ class Frontier:
         # registry of crawl ids can wait.
         with contextlib.suppress(redis.exceptions.OutOfMemoryError):
             self.client.sadd(self.keys.crawls, self.keys.crawl_id)
+            # The group's registry: its other crawls sweep this one if all its
+            # workers die holding the group's lane slots (extension.Recovery).
+            self.client.sadd(self.keys.group_crawls, self.keys.crawl_id)
         return registration
 
     def heartbeat(self, starting: bool = False) -> Heartbeat:

@@ -43,6 +43,7 @@ key                        type    written by                      lifetime
 ``P:{C}:lane_pages``       HASH    lease (script)                  whole crawl
 ``P:{C}:items``            STREAM  enqueue (script, with acks)     whole crawl
 ``P:crawls``               SET     register (script)               until purged
+``P:{g:G}:crawls``         SET     register (worker)               until purged
 =========================  ======  ==============================  =====================
 
 - ``queue``: score 0; member = lane, NUL, 5-character priority key (10 digits in
@@ -126,6 +127,9 @@ key                        type    written by                      lifetime
   ``lane_throttle``) belong
   to no crawl: a purge or flush of one crawl takes its own in-flight counts out of
   ``group_busy`` and leaves the rest to the group's other crawls.
+- ``P:{g:G}:crawls``: the crawl ids of the group, so that the workers of one crawl
+  can sweep the dead workers of another (whose leases hold the group's lane slots);
+  written beside ``P:crawls`` and removed with it.
 - ``P:crawls`` is the other key outside a crawl's hash tag: the set of crawl ids on this
   Redis, so tools can list crawls without ``KEYS``. Only ``register`` writes it, as a
   separate command (never inside a multi-key script).
@@ -141,6 +145,8 @@ _FORBIDDEN_IN_ID = "{}"
 DEFAULT_GROUP = "default"
 #: The names of the group keys among CrawlKeys' properties (they carry ``{g:group}``).
 GROUP_KEY_NAMES = ("group_busy", "host_next", "host_delay", "lane_limits", "lane_throttle")
+#: The registries among CrawlKeys' properties: sets of crawl ids, no crawl's own.
+REGISTRY_KEY_NAMES = ("crawls", "group_crawls")
 
 
 @dataclass(frozen=True)
@@ -291,6 +297,12 @@ class CrawlKeys:
     def crawls(self) -> str:
         """The registry of crawl ids: shared by all crawls under this prefix."""
         return f"{self.prefix}:crawls"
+
+    @property
+    def group_crawls(self) -> str:
+        """The politeness group's registry of crawl ids: a crawl whose workers all
+        died holds lane slots of the group, and the group's other crawls sweep it."""
+        return self._group_key("crawls")
 
     def group_keys(self) -> tuple[str, ...]:
         """The politeness group's keys: shared with the group's other crawls."""

@@ -122,3 +122,29 @@ def test_a_killed_worker_of_one_crawl_does_not_wedge_the_shared_lane(
     assert not real_redis.exists(crawl_a.group_busy), real_redis.hgetall(crawl_a.group_busy)
     for host, gap in _smallest_gaps(site).items():
         assert gap >= delay - CLOCK_SLACK, f"{host}: gap {gap:.3f} s < {delay} s"
+
+
+def test_a_crawl_whose_only_worker_died_is_swept_by_the_other_crawl_of_the_group(
+    fleet: Fleet, site_factory: SiteFactory, real_redis: redis.Redis
+) -> None:
+    # Crawl a's one worker is killed holding leases: nobody of crawl a is left to
+    # sweep them, and their slots are the group's. Crawl b's workers sweep crawl a
+    # (its workers silent for 3x the timeout), so b fetches every page and ends
+    # `finished`; a's leases are back in a's own queue for a's next run.
+    site = site_factory(hosts=2, pages_per_host=8, fanout=3, latency=0.4)
+    first, second = _two_crawls(fleet, site, **FAST_RECOVERY)
+    crawl_a = CrawlKeys("redisspine", first["REDISSPINE_CRAWL_ID"])
+    [victim] = fleet.start(1, first, log="a")
+    wait_for(lambda: real_redis.hlen(crawl_a.inflight) >= 2, 60, "leases held by the victim")
+    victim.kill()
+    victim.process.wait()
+    held = real_redis.hlen(crawl_a.inflight)
+    results = wait_workers(fleet.start(2, second, log="b"), timeout=120)
+    assert_finished(results)
+    fetched_by_b = sum(r.stats.get("response_received_count", 0) for r in results)
+    assert fetched_by_b >= len(site.all_urls()), "crawl b fetched every page"
+    assert sum(r.stats.get("redisspine/recovery/group_requeued", 0) for r in results) == held
+    assert any("had 1 dead worker(s) holding the group's lane slots" in r.log for r in results)
+    assert real_redis.hlen(crawl_a.inflight) == 0
+    assert real_redis.zcard(crawl_a.queue) >= held, "a's leases went back to a's queue"
+    assert not real_redis.exists(crawl_a.group_busy), real_redis.hgetall(crawl_a.group_busy)

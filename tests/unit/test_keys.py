@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from scrapy_redisspine.keys import GROUP_KEY_NAMES, CrawlKeys
+from scrapy_redisspine.keys import GROUP_KEY_NAMES, REGISTRY_KEY_NAMES, CrawlKeys
 
 
 def _properties() -> list[str]:
@@ -24,7 +24,7 @@ def _tag(key: str) -> str:
 def test_every_crawl_key_shares_the_crawl_hash_tag() -> None:
     keys = CrawlKeys("redisspine", "books")
     for name, key in _all_keys(keys).items():
-        if name == "crawls" or name in GROUP_KEY_NAMES:
+        if name in REGISTRY_KEY_NAMES or name in GROUP_KEY_NAMES:
             continue
         assert key.startswith("redisspine:"), key
         assert _tag(key) == "books", key
@@ -56,7 +56,8 @@ def test_two_crawls_share_no_key_but_the_registry_and_their_group() -> None:
     first = _all_keys(CrawlKeys("redisspine", "a"))
     second = _all_keys(CrawlKeys("redisspine", "b"))
     shared = set(first.values()) & set(second.values())
-    assert shared == {first["crawls"], *(first[name] for name in GROUP_KEY_NAMES)}
+    assert shared == {*(first[name] for name in REGISTRY_KEY_NAMES),
+                      *(first[name] for name in GROUP_KEY_NAMES)}
 
 
 def test_crawl_ids_that_prefix_each_other_share_no_key() -> None:
@@ -97,7 +98,7 @@ def test_empty_crawl_id_is_rejected() -> None:
 def test_all_crawl_keys_covers_every_property_but_the_registry_and_the_group() -> None:
     keys = CrawlKeys("redisspine", "books")
     expected = {value for name, value in _all_keys(keys).items()
-                if name != "crawls" and name not in GROUP_KEY_NAMES}
+                if name not in REGISTRY_KEY_NAMES and name not in GROUP_KEY_NAMES}
     assert set(keys.all_crawl_keys()) == expected
     assert len(keys.all_crawl_keys()) == len(expected)
     assert keys.crawls not in keys.all_crawl_keys()

@@ -200,3 +200,56 @@ def test_the_lease_repair_of_counts_with_nothing_in_flight_spares_the_other_craw
     assert client.hget(CRAWL_A.busy, LANE) is None
     assert client.hget(CRAWL_A.group_busy, LANE) == b"1", "crawl b's lease is still counted"
     assert len(a.lease(10).leases) == 2, "rescheduled: 3 slots, 1 held by crawl b"
+
+
+class TestDeadCrawlsOfTheGroup:
+    """A crawl whose workers all died holds the group's lane slots: the group's other
+    crawls find it in the group's registry and sweep it (extension.Recovery)."""
+
+    def test_the_other_crawl_sweeps_a_crawl_whose_workers_died(
+        self, client: redis.Redis
+    ) -> None:
+        a, b = _two_crawls(client)
+        a.register(flush=False, alive_ms=TIMEOUT_MS, spider="s")
+        b.register(flush=False, alive_ms=TIMEOUT_MS, spider="s")
+        assert len(a.lease(10).leases) == 1
+        assert b.lease(10).leases == []  # the lane's one slot is a's
+        assert b.upkeep.group_crawls(10) == ["a"]
+        other = b.upkeep.of_crawl("a")
+        assert other is not None
+        # Silent for 2x the timeout: not yet (another crawl is swept at 3x, see
+        # Recovery); then long enough.
+        client.zadd(CRAWL_A.workers, {"wa": _server_ms(client) - 2 * TIMEOUT_MS})
+        assert other.requeue_stale(timeout_ms=3 * TIMEOUT_MS, ceiling_ms=0,
+                                   max_requeues=3).requeued == 0
+        client.zadd(CRAWL_A.workers, {"wa": _server_ms(client) - 4 * TIMEOUT_MS})
+        assert other.requeue_stale(timeout_ms=3 * TIMEOUT_MS, ceiling_ms=0,
+                                   max_requeues=3).requeued == 1
+        assert not client.exists(CRAWL_A.group_busy)
+        assert client.zcard(CRAWL_A.queue) == 3  # back in a's own queue
+        _wait_recheck()
+        assert [lease.lane for lease in b.lease(10).leases] == [LANE]
+
+    def test_a_purged_or_vanished_crawl_leaves_the_registry_untouched_otherwise(
+        self, client: redis.Redis
+    ) -> None:
+        a, b = _two_crawls(client)
+        a.register(flush=False, alive_ms=TIMEOUT_MS, spider="s")
+        b.register(flush=False, alive_ms=TIMEOUT_MS, spider="s")
+        a.upkeep.purge()
+        assert b.upkeep.group_crawls(10) == []  # purge takes it out
+        client.sadd(CRAWL_A.group_crawls, "a")  # a registry entry left by a crash
+        assert b.upkeep.of_crawl("a") is None  # no record: nothing to sweep, no write
+        assert b.upkeep.group_crawls(10) == []
+        assert not client.exists(CRAWL_A.queue)
+
+    def test_crawls_of_another_group_are_not_in_the_registry(
+        self, client: redis.Redis
+    ) -> None:
+        elsewhere = CrawlKeys("redisspine", "c", "news")
+        a = Frontier(client, CRAWL_A, "wa")
+        c = Frontier(client, elsewhere, "wc")
+        a.register(flush=False, alive_ms=TIMEOUT_MS, spider="s")
+        c.register(flush=False, alive_ms=TIMEOUT_MS, spider="s")
+        assert a.upkeep.group_crawls(10) == []
+        assert c.upkeep.group_crawls(10) == []

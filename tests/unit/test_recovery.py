@@ -1080,6 +1080,8 @@ class StubUpkeep:
         self.result = SweepResult(0, 0, 0)
         self.stats = {"enqueued": 5, "acked": 2}
         self.progress: list[tuple[int, int]] = []
+        self.others: dict[str, StubUpkeep | None] = {}  # the group's other crawls
+        self.keys = CrawlKeys("redisspine", "mine")
 
     def memory(self) -> tuple[int, int]:
         if self.error is not None:
@@ -1089,6 +1091,12 @@ class StubUpkeep:
     def requeue_stale(self, **kwargs: int) -> SweepResult:
         self.sweeps.append(kwargs)
         return self.result
+
+    def group_crawls(self, limit: int) -> list[str]:
+        return sorted(self.others)[:limit]
+
+    def of_crawl(self, crawl_id: str) -> StubUpkeep | None:
+        return self.others[crawl_id]
 
     def repair_unindexed(self, cursor: str, limit: int, **kwargs: Any) -> UnindexedResult:
         self.unindexed.append(cursor)
@@ -1148,6 +1156,27 @@ class TestRecoveryExtension:
                 "lane_rests": {}, "as_worker": True,
             }
         ]
+
+    def test_sweeps_the_groups_other_crawls_for_long_dead_workers(
+        self, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        clock = FakeClock()
+        recovery, stats = _recovery()
+        worker = StubWorker(clock, recovery)
+        dead, gone = StubUpkeep(), None
+        dead.result = SweepResult(2, 0, 1)
+        worker.upkeep.others = {"other": dead, "purged": gone}
+        clock.advance(30)
+        with caplog.at_level(logging.WARNING, logger="scrapy_redisspine"):
+            recovery.sweep()
+        # Three timeouts of this worker's, no ceiling: the other crawl's own workers
+        # sweep by their own settings first.
+        assert dead.sweeps == [{
+            "timeout_ms": 90_000, "ceiling_ms": 0, "max_requeues": 3, "limit": 1000,
+            "rest_ms": 0, "lane_rests": {},
+        }]
+        assert stats.get_value("redisspine/recovery/group_requeued") == 2
+        assert "crawl 'other' of politeness group 'default' had 1 dead worker(s)" in caplog.text
 
     def test_after_an_outage_waits_one_timeout_again(self) -> None:
         clock = FakeClock()
