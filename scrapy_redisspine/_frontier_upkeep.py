@@ -21,6 +21,7 @@ from scrapy_redisspine._results import (
     repairs_of,
     text,
 )
+from scrapy_redisspine.connection import routed_to
 from scrapy_redisspine.control import record_progress
 from scrapy_redisspine.members import split_member
 from scrapy_redisspine.scripts import ScriptSet
@@ -244,7 +245,7 @@ class FrontierUpkeep:
 
     def memory(self) -> tuple[int, int]:
         """(used_memory, maxmemory) of the server, in bytes (``INFO memory``)."""
-        info = self.client.info("memory")
+        info = self.client.info("memory", **routed_to(self.client, self.keys.queue))
         return int(info.get("used_memory", 0)), int(info.get("maxmemory", 0))
 
     def record_progress(self, worker_acks: int, fleet_acks: int) -> None:

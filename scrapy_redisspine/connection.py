@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, cast
 import redis
 from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode, RedisCluster
+from redis.crc import key_slot
 from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 from redis.sentinel import Sentinel
@@ -45,6 +46,7 @@ __all__ = [  # find_redis_server and RedisServerNotFound live in server_binaries
     "find_redis_server",
     "is_cluster",
     "routed_to",
+    "same_slot",
     "shutdown_embedded_if_unused",
 ]
 
@@ -107,6 +109,14 @@ def _sentinel_client(target: redis_urls.RedisTarget, options: dict[str, Any]) ->
 def is_cluster(client: object) -> bool:
     """Whether ``client`` talks to a Redis Cluster (some calls must go one by one)."""
     return isinstance(client, RedisCluster)
+
+
+def same_slot(client: object, key: str, other: str) -> bool:
+    """Whether one script may touch both keys: always on one server; on a cluster only
+    when they hash to one slot (the cluster client refuses the call before sending it,
+    with an error that is no RedisError)."""
+    return not isinstance(client, RedisCluster) or key_slot(key.encode()) == key_slot(
+        other.encode())
 
 
 def routed_to(client: object, key: str) -> dict[str, Any]:
