@@ -129,13 +129,39 @@ class ClusterServers(Service):
 
     def master_of_slot(self, slot: int) -> RedisServer:
         """The master that serves ``slot`` now (after a failover: the promoted one)."""
-        with self.masters[0].client() as client:
+        with self.masters[0].client() as client:  # any node knows the whole map
             ranges = client.execute_command("CLUSTER SLOTS")
         for first, last, primary, *_ in ranges:
             if first <= slot <= last:
                 port = int(primary[1])
                 return next(n for n in self.nodes if n.port == port)
         raise RedisServerError(f"no master serves slot {slot}")
+
+    def replica_of(self, master: RedisServer) -> RedisServer:
+        """The first replica set up for ``master`` (one of :attr:`masters`)."""
+        per_master = self._shape[1]
+        if not per_master:
+            raise RedisServerError("this cluster was set up without replicas")
+        return self.replicas[self.masters.index(master) * per_master]
+
+    def fail_over(self, slot: int, timeout: float = _READY_TIMEOUT_SECONDS) -> RedisServer:
+        """``CLUSTER FAILOVER`` on a replica of the master serving ``slot`` (the
+        manual, coordinated failover: the replica catches up first); returns the
+        new master once the cluster says so, and ``cluster_state:ok`` again."""
+        old = self.master_of_slot(slot)
+        new = next(node for node in self.nodes if node is not old and
+                   self._replicates(node, old))
+        with new.client() as client:
+            client.execute_command("CLUSTER FAILOVER")
+        _wait_for(f"no failover of slot {slot}",
+                  lambda: self.master_of_slot(slot) is new, timeout)
+        _wait_for("the cluster did not reach cluster_state:ok", self._ok, timeout)
+        return new
+
+    def _replicates(self, node: RedisServer, master: RedisServer) -> bool:
+        with node.client() as client:
+            info = client.info("replication")
+        return bool(info.get("role") == "slave" and info.get("master_port") == master.port)
 
     @property
     def nodes(self) -> list[RedisServer]:
@@ -207,6 +233,33 @@ class SentinelServers(Service):
         with self.sentinel.client() as client:
             replicas = client.execute_command("SENTINEL REPLICAS", SENTINEL_SERVICE)
         return len(replicas) >= 1
+
+    def primary_port(self) -> int:
+        """The port of the server the sentinel names as the service's primary now."""
+        assert self.sentinel is not None
+        with self.sentinel.client() as client:
+            _, port = client.execute_command("SENTINEL GET-MASTER-ADDR-BY-NAME",
+                                             SENTINEL_SERVICE)
+        return int(port)
+
+    def fail_over(self, timeout: float = _READY_TIMEOUT_SECONDS) -> RedisServer:
+        """``SENTINEL FAILOVER``: the replica becomes the primary; returns it once the
+        sentinel names it and it takes writes."""
+        assert self.sentinel is not None
+        assert self.replica is not None
+        old = self.primary_port()
+        new = self.replica if self.replica.port != old else self.primary
+        with self.sentinel.client() as client:
+            client.execute_command("SENTINEL FAILOVER", SENTINEL_SERVICE)
+        _wait_for("the sentinel did not fail over", lambda: self.primary_port() == new.port,
+                  timeout)
+        _wait_for("the new primary takes no writes", lambda: self._is_primary(new), timeout)
+        return new
+
+    @staticmethod
+    def _is_primary(server: RedisServer) -> bool:
+        with server.client() as client:
+            return bool(client.info("replication").get("role") == "master")
 
     @property
     def url(self) -> str:
