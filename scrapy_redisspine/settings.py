@@ -75,9 +75,11 @@ _MAX_MIGRATION_CHUNK = 5000  # Lua's C stack bounds unpack() of one chunk
 
 SETTINGS: tuple[Setting, ...] = (
     Setting("REDISSPINE_REDIS_URL", None, as_redis_url, (),
-            "Redis URL (`redis://`, `rediss://` or `unix://`). Falls back to "
-            "`REDIS_URL`; when neither is set the plugin starts an embedded "
-            "redis-server for this project."),
+            "Redis URL: one server (`redis://`, `rediss://` or `unix://`), a Redis "
+            "Cluster (`redis+cluster://host:port[,host:port...]`) or a Sentinel-managed "
+            "primary (`redis+sentinel://host:port[,host:port...]/service_name[/db]`); "
+            "`rediss+` for TLS. Falls back to `REDIS_URL`; when neither is set the "
+            "plugin starts an embedded redis-server for this project."),
     Setting("REDISSPINE_CRAWL_ID", None, as_optional_str, (),
             "Names the crawl in Redis. Workers with the same crawl id share one "
             "frontier. Defaults to the spider's name."),
