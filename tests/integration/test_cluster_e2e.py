@@ -8,6 +8,7 @@ at open, a script or pipeline that crossed slots would be refused by the cluster
 from __future__ import annotations
 
 import json
+import signal
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -23,12 +24,14 @@ from tests.integration.crawlproc import (
     assert_exactly_once,
     assert_finished,
     wait_for,
+    wait_workers,
 )
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
     from pathlib import Path
 
+    from scrapy_redisspine.testing.site import TestSite
     from tests.conftest import SiteFactory
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("outside_any_project")]
@@ -75,6 +78,10 @@ def crawl_ids_away_from_registry(cluster: ClusterServers, count: int) -> list[st
 def _fleet(project_dir: Path, worker_log_dir: Path, url: str, crawl: str) -> Fleet:
     return Fleet(project_dir, {"REDISSPINE_REDIS_URL": url, "REDISSPINE_CRAWL_ID": crawl},
                  worker_log_dir / crawl)
+
+
+def _fetched_with(site: TestSite, query: str) -> bool:
+    return any(record["path"].endswith(query) for record in site.requests())
 
 
 def _cli_json(url: str, *args: str, capsys: pytest.CaptureFixture[str]) -> Any:
@@ -141,3 +148,59 @@ def test_a_crawl_through_sentinel_fetches_every_page_once(
         with sentinel.primary.client() as primary:
             assert primary.sismember(CrawlKeys("redisspine", "via-sentinel").crawls,
                                      "via-sentinel")
+
+
+def test_seed_and_a_tagged_feed_key_reach_a_running_crawl_on_the_cluster(
+    cluster: ClusterServers, test_site: TestSite, project_dir: Path, worker_log_dir: Path,
+) -> None:
+    """``redisspine seed`` (the push tool) and scrapy-redis's ``lpush`` into a feed key
+    named with the crawl's tag, into a kept-alive crawl on a master away from the
+    registry; then ``redisspine drain`` ends it."""
+    crawl = crawl_ids_away_from_registry(cluster, 4)[3]
+    feed = f"{{{crawl}}}:start_urls"
+    fleet = _fleet(project_dir, worker_log_dir, cluster.url, crawl)
+    client = client_from_url(cluster.url)
+    [worker] = fleet.start(1, fleet.crawling(
+        test_site, REDISSPINE_KEEP_ALIVE=True, REDISSPINE_FEED_KEY=feed,
+        REDISSPINE_FEED_SECONDS=0.2, REDISSPINE_HEARTBEAT_SECONDS=0.3))
+    try:
+        wait_for(lambda: len(test_site.fetch_counts()) == len(test_site.all_urls()), 60,
+                 "the site crawled")
+        start = test_site.start_urls()[0]
+        assert cli.main(["--redis-url", cluster.url, "seed", crawl, start + "?seeded=1"]) == 0
+        client.lpush(feed, start + "?fed=1")
+        wait_for(lambda: _fetched_with(test_site, "?seeded=1") and
+                 _fetched_with(test_site, "?fed=1"), 20, "the seeded and the fed URL fetched")
+        assert client.llen(feed) == 0, "the feed was drained"
+        assert cli.main(["--redis-url", cluster.url, "drain", crawl]) == 0
+        [result] = wait_workers([worker], timeout=30)
+    finally:
+        client.close()
+        if worker.process.poll() is None:
+            worker.process.send_signal(signal.SIGINT)
+            wait_workers([worker], timeout=30)
+    assert result.finish_reason == "drained"
+
+
+def test_a_feed_key_in_another_slot_is_left_alone_with_one_error_line(
+    cluster: ClusterServers, test_site: TestSite, project_dir: Path, worker_log_dir: Path,
+) -> None:
+    crawl = crawl_ids_away_from_registry(cluster, 5)[4]
+    feed = "links:start_urls"  # REDISSPINE_FEED_KEY's default: no hash tag
+    client = client_from_url(cluster.url)
+    try:
+        client.delete(feed)
+        client.lpush(feed, test_site.start_urls()[0] + "?fed=1")
+        fleet = _fleet(project_dir, worker_log_dir, cluster.url, crawl)
+        [result] = fleet.run(1, fleet.crawling(test_site, REDISSPINE_FEED_SECONDS=0.2),
+                             timeout=60)
+        assert_finished([result])
+        assert_exactly_once(test_site)
+        assert client.llen(feed) == 1, "the entry stays in the feed"
+    finally:
+        client.delete(feed)
+        client.close()
+    errors = [line for line in result.log.splitlines() if "is not drained" in line]
+    assert len(errors) == 1, errors
+    assert "{" + crawl + "}:start_urls" in errors[0]
+    assert result.stats.get("redisspine/feed/cross_slot", 0) >= 1
