@@ -239,7 +239,7 @@ class FrontierUpkeep:
 
     def workers_alive(self, timeout_ms: int) -> int:
         """Workers whose last heartbeat is younger than ``timeout_ms`` (server time)."""
-        seconds, micros = self.client.time()
+        seconds, micros = self.client.time(**routed_to(self.client, self.keys.workers))
         now_ms = seconds * 1000 + micros // 1000
         return int(self.client.zcount(self.keys.workers, now_ms - timeout_ms, "+inf"))
 

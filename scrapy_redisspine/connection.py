@@ -81,7 +81,8 @@ def _credentials(target: redis_urls.RedisTarget) -> dict[str, Any]:
 
 def _cluster_client(target: redis_urls.RedisTarget, options: dict[str, Any]) -> RedisCluster:
     """Startup nodes from the URL; the client learns the rest of the cluster from them."""
-    options.pop("health_check_interval", None)  # per-node connections: redis-py's default
+    # Not among the options redis-py gives a cluster node connection (it would drop it).
+    options.pop("health_check_interval", None)
     nodes = [ClusterNode(host, port) for host, port in target.nodes]  # type: ignore[no-untyped-call]
     try:
         return RedisCluster(startup_nodes=nodes, ssl=target.tls, **_credentials(target),
@@ -123,7 +124,8 @@ def routed_to(client: object, key: str) -> dict[str, Any]:
     """Options that send a command to the server holding ``key``: on a cluster, its
     node. For what the cluster client cannot route itself, a module command its
     command table lacks (``BF.EXISTS`` on a server without RedisBloom), or a keyless
-    command that must see the crawl's own server (``INFO memory``); elsewhere none."""
+    command that must see the crawl's own server (``INFO memory``; ``TIME``, the clock
+    the crawl's scripts read); elsewhere none."""
     if isinstance(client, RedisCluster):
         return {"target_nodes": client.get_node_from_key(key)}  # type: ignore[no-untyped-call]
     return {}

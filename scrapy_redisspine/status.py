@@ -261,7 +261,7 @@ def read_status(
     """The crawl's state as a JSON-ready dict (the shape of ``status --json``);
     ``pace``: the lanes' delays and concurrency from the project's settings, and
     ``memory_budget_bytes`` its REDISSPINE_MEMORY_BUDGET_BYTES."""
-    seconds, micros = client.time()
+    seconds, micros = client.time(**routed_to(client, keys.workers))
     now_ms = seconds * 1000 + micros // 1000
     pipe = client.pipeline(transaction=False)
     pipe.zcard(keys.queue)

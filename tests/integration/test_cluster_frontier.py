@@ -95,7 +95,7 @@ def test_scripts_load_again_on_the_crawls_master_after_a_script_flush(
     assert sorted(lease.payload for lease in batch.leases) == [b"b1", b"c1"]
 
 
-def test_the_module_probe_and_the_memory_read_go_to_the_crawls_master(
+def test_the_module_probe_the_memory_and_the_clock_reads_go_to_the_crawls_master(
     cluster: ClusterServers, client: redis.Redis, keys: CrawlKeys
 ) -> None:
     # Unrouted, redis-py cannot place BF.EXISTS (no module: not in its command table).
@@ -107,3 +107,5 @@ def test_the_module_probe_and_the_memory_read_go_to_the_crawls_master(
         assert abs(used - int(node.info("memory")["used_memory"])) < 1_000_000
     status = read_status(client, keys)
     assert status["redis_memory"]["used_bytes"] > 0
+    assert frontier.upkeep.workers_alive(30_000) == 1, "TIME from the crawl's master"
+    assert [worker["state"] for worker in status["workers"]] == ["alive"]
