@@ -13,7 +13,7 @@ import contextlib
 import socket
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from scrapy_redisspine.testing._service import Service
 from scrapy_redisspine.testing.redis_server import RedisServer, RedisServerError, free_port
@@ -129,13 +129,20 @@ class ClusterServers(Service):
 
     def master_of_slot(self, slot: int) -> RedisServer:
         """The master that serves ``slot`` now (after a failover: the promoted one)."""
-        with self.masters[0].client() as client:  # any node knows the whole map
-            ranges = client.execute_command("CLUSTER SLOTS")
+        ranges = self._slot_map()
         for first, last, primary, *_ in ranges:
             if first <= slot <= last:
                 port = int(primary[1])
                 return next(n for n in self.nodes if n.port == port)
         raise RedisServerError(f"no master serves slot {slot}")
+
+    def _slot_map(self) -> list[Any]:
+        """``CLUSTER SLOTS`` from the first running node (any node knows the map)."""
+        for node in self.nodes:
+            if node.running:
+                with node.client() as client:
+                    return list(client.execute_command("CLUSTER SLOTS"))
+        raise RedisServerError("no cluster node is running")
 
     def replica_of(self, master: RedisServer) -> RedisServer:
         """The first replica set up for ``master`` (one of :attr:`masters`)."""
@@ -157,6 +164,12 @@ class ClusterServers(Service):
                   lambda: self.master_of_slot(slot) is new, timeout)
         _wait_for("the cluster did not reach cluster_state:ok", self._ok, timeout)
         return new
+
+    @staticmethod
+    def is_master(node: RedisServer) -> bool:
+        """Whether ``node`` serves slots as a master now (a promoted replica does)."""
+        with node.client() as client:
+            return bool(client.info("replication").get("role") == "master")
 
     def _replicates(self, node: RedisServer, master: RedisServer) -> bool:
         with node.client() as client:

@@ -74,3 +74,30 @@ def test_a_sentinel_failover_mid_crawl_loses_no_request(
         assert_finished(results)
         twice = assert_all_fetched(site)
         assert len(twice) <= 3 * 4, f"pages fetched twice: {twice}"
+
+
+def test_the_crawls_master_killed_mid_crawl_its_replica_takes_over_and_nothing_is_lost(
+    site_factory: SiteFactory, project_dir: Path, worker_log_dir: Path,
+) -> None:
+    """SIGKILL of the master: for the cluster's node timeout (2 s here) no master
+    serves the crawl's slot, then its replica is promoted. Replication is
+    asynchronous, so writes the dead master acknowledged last may be gone: the
+    workers ride through the outage and reconcile, and every page is fetched."""
+    with ClusterServers(masters=3, replicas=1, appendonly=True) as cluster:
+        crawl = crawl_ids_away_from_registry(cluster, 1)[0]
+        slot = key_slot(CrawlKeys("redisspine", crawl).queue.encode())
+        site = site_factory(hosts=3, pages_per_host=20, latency=0.1)
+        fleet = Fleet(project_dir, {"REDISSPINE_REDIS_URL": cluster.url,
+                                    "REDISSPINE_CRAWL_ID": crawl}, worker_log_dir)
+        workers = fleet.start(3, fleet.crawling(site, **FAST_RECOVERY), log="fleet")
+        total = len(site.all_urls())
+        wait_for(lambda: len(site.requests()) >= total // 3, 60, "a third of the crawl")
+        victim = cluster.master_of_slot(slot)
+        replica = cluster.replica_of(victim)
+        victim.kill()
+        wait_for(lambda: cluster.is_master(replica), 60, "the replica promoted")
+        assert len(site.requests()) < total, "the crawl was over before the failover"
+        results = wait_workers(workers, timeout=240)
+        assert_finished(results)
+        twice = assert_all_fetched(site)
+        assert len(twice) <= 3 * 8, f"pages fetched twice: {twice}"
