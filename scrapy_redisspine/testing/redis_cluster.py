@@ -112,7 +112,14 @@ class ClusterServers(Service):
                    for node in self.nodes)
 
     def _ok(self) -> bool:
-        return all(self.info(node)["cluster_state"] == "ok" for node in self.nodes)
+        """Every node says ok and knows every slot's master: with
+        ``cluster-require-full-coverage no`` (so a failover test keeps the other
+        masters' slots served) "ok" alone comes before gossip spread the whole map."""
+        return all(self._node_ok(self.info(node)) for node in self.nodes if node.running)
+
+    @staticmethod
+    def _node_ok(info: dict[str, str]) -> bool:
+        return (info["cluster_state"], info["cluster_slots_assigned"]) == ("ok", str(_SLOTS))
 
     @staticmethod
     def info(node: RedisServer) -> dict[str, str]:
@@ -262,12 +269,18 @@ class SentinelServers(Service):
         assert self.replica is not None
         old = self.primary_port()
         new = self.replica if self.replica.port != old else self.primary
-        with self.sentinel.client() as client:
-            client.execute_command("SENTINEL FAILOVER", SENTINEL_SERVICE)
+        _wait_for("the sentinel refused to fail over", self._failover_started, timeout)
         _wait_for("the sentinel did not fail over", lambda: self.primary_port() == new.port,
                   timeout)
         _wait_for("the new primary takes no writes", lambda: self._is_primary(new), timeout)
         return new
+
+    def _failover_started(self) -> bool:
+        """``SENTINEL FAILOVER`` accepted: a sentinel that has not yet heard from the
+        replica recently enough answers NOGOODSLAVE (``_wait_for`` asks again)."""
+        assert self.sentinel is not None
+        with self.sentinel.client() as client:
+            return bool(client.execute_command("SENTINEL FAILOVER", SENTINEL_SERVICE))
 
     @staticmethod
     def _is_primary(server: RedisServer) -> bool:
