@@ -106,10 +106,13 @@ key                        type    written by                      lifetime
   ``<spider>:start_urls``): a LIST or ZSET the user writes and every worker drains
   (``feed_done`` removes what a worker enqueued). Named by the user, so it carries
   no prefix and, unless the name includes ``{crawl id}``, not the crawl's hash tag
-  (:func:`feed_key`).
+  (:func:`feed_key`). On Redis Cluster it must include it: ``feed_done`` touches it
+  with the crawl's keys (a feed key in another slot is left undrained, see feed.py).
 - ``P:crawls`` is the other key outside a crawl's hash tag: the set of crawl ids on this
   Redis, so tools can list crawls without ``KEYS``. Only ``register`` writes it, as a
-  separate command (never inside a multi-key script).
+  separate command (never inside a multi-key script); ``purge`` removes an id the same
+  way. On Redis Cluster it lives in a slot of its own, so ``redisspine list`` names
+  the crawls of every master with one SSCAN.
 """
 
 from __future__ import annotations
