@@ -22,6 +22,7 @@ from scrapy_redisspine._results import (
     repairs_of,
     text,
 )
+from scrapy_redisspine.connection import routed_to
 from scrapy_redisspine.control import record_progress
 from scrapy_redisspine.members import split_member
 from scrapy_redisspine.scripts import ScriptSet
@@ -241,13 +242,13 @@ class FrontierUpkeep:
 
     def workers_alive(self, timeout_ms: int) -> int:
         """Workers whose last heartbeat is younger than ``timeout_ms`` (server time)."""
-        seconds, micros = self.client.time()
+        seconds, micros = self.client.time(**routed_to(self.client, self.keys.workers))
         now_ms = seconds * 1000 + micros // 1000
         return int(self.client.zcount(self.keys.workers, now_ms - timeout_ms, "+inf"))
 
     def memory(self) -> tuple[int, int]:
         """(used_memory, maxmemory) of the server, in bytes (``INFO memory``)."""
-        info = self.client.info("memory")
+        info = self.client.info("memory", **routed_to(self.client, self.keys.queue))
         return int(info.get("used_memory", 0)), int(info.get("maxmemory", 0))
 
     def record_progress(self, worker_acks: int, fleet_acks: int) -> None:

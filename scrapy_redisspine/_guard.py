@@ -52,9 +52,12 @@ _REPAIR_LINES_PER_MINUTE = 20
 
 
 #: What a call to Redis may raise: Redis's errors, and a reply that does not parse
-#: (a script ran, but its reply is not what the caller expected).
+#: (a script ran, but its reply is not what the caller expected). The cluster client
+#: raises some errors of its own that are no RedisError: a slot no known master
+#: serves (mid-failover), or a call it refuses to send (keys of several slots).
 CALL_ERRORS: tuple[type[Exception], ...] = (
-    redis.RedisError, ValueError, TypeError, IndexError, KeyError, UnicodeDecodeError,
+    redis.RedisError, redis.exceptions.RedisClusterException, ValueError, TypeError,
+    IndexError, KeyError, UnicodeDecodeError,
 )
 
 
@@ -71,6 +74,8 @@ def crawl_gone_status(exc: Exception) -> str | None:
 def is_script_error(exc: Exception) -> bool:
     """Did Redis refuse what was asked, or answer what cannot be read (not: could it
     not answer, or not store)?"""
+    if isinstance(exc, redis.exceptions.SlotNotCoveredError):
+        return False  # a master is gone and no replica took over yet: an outage
     if not isinstance(exc, redis.RedisError):
         return True  # a reply that does not parse: the script ran, something is off
     if not isinstance(exc, redis.exceptions.ResponseError):

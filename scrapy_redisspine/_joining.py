@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 import redis
 
-from scrapy_redisspine.connection import RedisServerNotFound, describe_url
+from scrapy_redisspine.connection import RedisServerNotFound, describe_url, is_cluster
 from scrapy_redisspine.control import CLOSE
 from scrapy_redisspine.frontier import CorruptKeyError, Frontier, Registration
 from scrapy_redisspine.keys import CrawlKeys
@@ -66,7 +66,8 @@ def join(config: SpineConfig, crawl_id: str, spider: str, worker_id: str) -> Joi
     """Connect, check the crawl's keys and register this worker; or refuse."""
     connection = _connect(config, crawl_id, worker_id)
     frontier = Frontier(
-        connection.client, CrawlKeys(config.key_prefix, crawl_id, config.politeness_group),
+        connection.client, CrawlKeys(config.key_prefix, crawl_id, config.politeness_group,
+                                     cluster=is_cluster(connection.client)),
         worker_id, config.queue_order, concurrency=config.host_concurrency,
         backlog_cap=config.host_backlog_cap, items_cap=config.items_max_count,
         items_max_bytes=config.items_max_bytes,

@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
+from scrapy_redisspine import _redis_urls as redis_urls
+
 if TYPE_CHECKING:
     from collections.abc import Callable
 
@@ -93,30 +95,17 @@ def as_optional_str(name: str, value: Any) -> str | None:
     return value
 
 
-#: URL schemes redis-py connects to (``unix://`` is a socket path).
-REDIS_URL_SCHEMES = ("redis", "rediss", "unix")
-
-
 def as_redis_url(name: str, value: Any) -> str | None:
-    """A Redis URL whose scheme redis-py knows; the error masks any password."""
+    """A Redis URL naming a server, a cluster or a Sentinel service (``_redis_urls``);
+    the error masks any password."""
     url = as_optional_str(name, value)
     if url is None:
         return None
-    scheme, separator, _ = url.partition("://")
-    if not separator or scheme.lower() not in REDIS_URL_SCHEMES:
-        *first, last = (f"{known}://" for known in REDIS_URL_SCHEMES)
-        raise ConfigError(
-            f"{name} must be a {', '.join(first)} or {last} URL, got {_masked(url)!r}"
-        )
+    try:
+        redis_urls.parse(url)
+    except redis_urls.BadRedisUrl as exc:
+        raise ConfigError(f"{name}: {exc}") from None
     return url
-
-
-def _masked(url: str) -> str:
-    scheme, separator, rest = url.partition("://")
-    userinfo, at, host = rest.partition("@")
-    if at and ":" in userinfo:
-        rest = f"{userinfo.split(':', 1)[0]}:***@{host}"
-    return f"{scheme}{separator}{rest}"
 
 
 def _split_commas(value: Any) -> Any:

@@ -212,8 +212,11 @@ def has_redisbloom(client: redis.Redis, probe_key: str) -> bool:
     """
     import redis as redis_module
 
+    from scrapy_redisspine.connection import routed_to
+
     try:
-        client.execute_command("BF.EXISTS", probe_key, b"")  # type: ignore[no-untyped-call]
+        client.execute_command(  # type: ignore[no-untyped-call]
+            "BF.EXISTS", probe_key, b"", **routed_to(client, probe_key))
     except redis_module.ResponseError as exc:
         return str(exc).startswith("WRONGTYPE")
     return True

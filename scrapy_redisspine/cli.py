@@ -45,11 +45,14 @@ from scrapy_redisspine._cli_errors import (
     EXIT_USAGE,
     CliError,
 )
+from scrapy_redisspine._redis_urls import BadRedisUrl
 from scrapy_redisspine.connection import (
     SOCKET_NAME,
     RedisServerNotFound,
+    client_from_url,
     describe_url,
     ensure_embedded_server,
+    is_cluster,
     shutdown_embedded_if_unused,
 )
 from scrapy_redisspine.frontier import Frontier
@@ -98,6 +101,17 @@ def _holds_a_crawl(directory: Path) -> bool:
     return (directory / "appendonlydir").is_dir() or (directory / "appendonly.aof").is_file()
 
 
+def _client(url: str) -> redis.Redis:
+    """A client with short timeouts: a command waits seconds, not forever, for Redis."""
+    try:
+        return client_from_url(url, socket_connect_timeout=3, socket_timeout=10)
+    except BadRedisUrl as exc:
+        raise CliError(str(exc), EXIT_USAGE) from None
+    except redis.ConnectionError as exc:  # a cluster client connects at once
+        raise CliError(f"cannot reach Redis at {describe_url(url)}: {_one_line(exc)}",
+                       EXIT_UNREACHABLE) from None
+
+
 class Context:
     """What every command needs: the client, the key prefix, the project config."""
 
@@ -105,7 +119,7 @@ class Context:
         self.config = project_config()
         self.url, self.embedded_dir = resolve_redis_url(args.redis_url, self.config)
         self.prefix: str = args.prefix or self.config.key_prefix
-        self.client = redis.Redis.from_url(self.url, socket_connect_timeout=3, socket_timeout=10)
+        self.client = _client(self.url)
         if self.embedded_dir is not None:
             self._hold_embedded()
 
@@ -119,8 +133,7 @@ class Context:
         except redis.ConnectionError:
             self.client.close()
             self.url = ensure_embedded_server(self.embedded_dir, self.config.redis_server_bin)
-            self.client = redis.Redis.from_url(self.url, socket_connect_timeout=3,
-                                               socket_timeout=10)
+            self.client = _client(self.url)
             self.client.ping()
 
     def close(self) -> None:
@@ -131,7 +144,8 @@ class Context:
 
     def keys(self, crawl: str) -> CrawlKeys:
         try:
-            return CrawlKeys(self.prefix, crawl, self.config.politeness_group)
+            return CrawlKeys(self.prefix, crawl, self.config.politeness_group,
+                             cluster=is_cluster(self.client))
         except ValueError as exc:
             raise CliError(str(exc)) from exc
 

@@ -15,12 +15,17 @@ import subprocess
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 import redis
 from redis.backoff import NoBackoff
+from redis.cluster import ClusterNode, RedisCluster
+from redis.crc import key_slot
+from redis.exceptions import RedisClusterException
 from redis.retry import Retry
+from redis.sentinel import Sentinel
 
+from scrapy_redisspine import _redis_urls as redis_urls
 from scrapy_redisspine.server_binaries import (
     RedisServerNotFound,
     find_redis_server,
@@ -39,6 +44,9 @@ __all__ = [  # find_redis_server and RedisServerNotFound live in server_binaries
     "describe_url",
     "ensure_embedded_server",
     "find_redis_server",
+    "is_cluster",
+    "routed_to",
+    "same_slot",
     "shutdown_embedded_if_unused",
 ]
 
@@ -47,10 +55,80 @@ _START_TIMEOUT_SECONDS = 10.0
 _MAX_SOCKET_PATH = 103  # sun_path is 104 bytes on macOS, 108 on Linux
 
 
-def client_from_url(url: str) -> redis.Redis:
-    """A client for the workers: bytes in and out (payloads are binary)."""
+def client_from_url(url: str, **options: Any) -> redis.Redis:
+    """A client for the workers and tools: bytes in and out (payloads are binary).
+
+    ``redis+cluster://`` gives a :class:`~redis.cluster.RedisCluster` (it follows the
+    slot map: MOVED/ASK, a promoted replica), ``redis+sentinel://`` a client of the
+    service's current primary (it asks the sentinels again after a failover), any
+    other URL redis-py's own ``from_url``. ``options`` go to every connection. Typed
+    as ``redis.Redis`` because that is the command interface both clients share.
+    """
     quiet_redis_debug()
-    return redis.Redis.from_url(url, decode_responses=False, health_check_interval=30)
+    options = {"decode_responses": False, "health_check_interval": 30, **options}
+    target = redis_urls.parse(url)
+    if target.kind == redis_urls.CLUSTER:
+        return cast("redis.Redis", _cluster_client(target, options))
+    if target.kind == redis_urls.SENTINEL:
+        return _sentinel_client(target, options)
+    return redis.Redis.from_url(url, **options)
+
+
+def _credentials(target: redis_urls.RedisTarget) -> dict[str, Any]:
+    found = {"username": target.username, "password": target.password}
+    return {name: value for name, value in found.items() if value is not None}
+
+
+def _cluster_client(target: redis_urls.RedisTarget, options: dict[str, Any]) -> RedisCluster:
+    """Startup nodes from the URL; the client learns the rest of the cluster from them."""
+    # Not among the options redis-py gives a cluster node connection (it would drop it).
+    options.pop("health_check_interval", None)
+    nodes = [ClusterNode(host, port) for host, port in target.nodes]  # type: ignore[no-untyped-call]
+    try:
+        return RedisCluster(startup_nodes=nodes, ssl=target.tls, **_credentials(target),
+                            **options)
+    except RedisClusterException as exc:
+        # It asks the nodes for the slot map at once, and its error is no RedisError:
+        # callers report an unreachable Redis in one line for a ConnectionError.
+        raise redis.ConnectionError(str(exc)) from None
+
+
+def _sentinel_client(target: redis_urls.RedisTarget, options: dict[str, Any]) -> redis.Redis:
+    """The service's primary, found through the sentinels at every (re)connect. The URL's
+    credentials are the data nodes'; sentinels are asked without (their usual set-up)."""
+    sentinel_options = {name: options[name] for name in ("socket_timeout",
+                                                         "socket_connect_timeout")
+                        if name in options}
+    sentinel = Sentinel(  # type: ignore[no-untyped-call]
+        list(target.nodes), ssl=target.tls, sentinel_kwargs={"ssl": target.tls,
+                                                             **sentinel_options})
+    primary = sentinel.master_for(  # type: ignore[no-untyped-call]
+        target.service, db=target.db, ssl=target.tls, **_credentials(target), **options)
+    return cast("redis.Redis", primary)
+
+
+def is_cluster(client: object) -> bool:
+    """Whether ``client`` talks to a Redis Cluster (some calls must go one by one)."""
+    return isinstance(client, RedisCluster)
+
+
+def same_slot(client: object, key: str, other: str) -> bool:
+    """Whether one script may touch both keys: always on one server; on a cluster only
+    when they hash to one slot (the cluster client refuses the call before sending it,
+    with an error that is no RedisError)."""
+    return not isinstance(client, RedisCluster) or key_slot(key.encode()) == key_slot(
+        other.encode())
+
+
+def routed_to(client: object, key: str) -> dict[str, Any]:
+    """Options that send a command to the server holding ``key``: on a cluster, its
+    node. For what the cluster client cannot route itself, a module command its
+    command table lacks (``BF.EXISTS`` on a server without RedisBloom), or a keyless
+    command that must see the crawl's own server (``INFO memory``; ``TIME``, the clock
+    the crawl's scripts read); elsewhere none."""
+    if isinstance(client, RedisCluster):
+        return {"target_nodes": client.get_node_from_key(key)}  # type: ignore[no-untyped-call]
+    return {}
 
 
 def quiet_redis_debug() -> None:
@@ -65,13 +143,7 @@ def quiet_redis_debug() -> None:
 
 def describe_url(url: str) -> str:
     """The URL with any password masked, for logs."""
-    from urllib.parse import urlsplit, urlunsplit
-
-    parts = urlsplit(url)
-    if parts.password:
-        netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
-        parts = parts._replace(netloc=netloc)
-    return urlunsplit(parts)
+    return redis_urls.masked(url)
 
 
 @contextmanager

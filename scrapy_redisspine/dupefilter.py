@@ -27,6 +27,7 @@ from scrapy.utils.misc import build_from_crawler, load_object
 from scrapy.utils.request import referer_str
 
 from scrapy_redisspine._clock import Clock, CrawlClock, DelayedCall
+from scrapy_redisspine.connection import is_cluster
 from scrapy_redisspine.dedup import IMPL_BITMAP, MODE_SET, Dedup, DedupParams, MaintenanceStep
 from scrapy_redisspine.keys import CrawlKeys
 from scrapy_redisspine.settings import SpineConfig, load_config
@@ -130,7 +131,9 @@ class RedisDupeFilter(BaseDupeFilter):
                 raise RuntimeError("RedisDupeFilter needs REDISSPINE_CRAWL_ID or a spider name")
             self._own_connection = WorkerConnection.open(self.config, crawl_id, new_worker_id())
             self._client = self._own_connection.client
-            self._keys = CrawlKeys(self.config.key_prefix, crawl_id, self.config.politeness_group)
+            self._keys = CrawlKeys(self.config.key_prefix, crawl_id,
+                                   self.config.politeness_group,
+                                   cluster=is_cluster(self._client))
         self.dedup = Dedup(self._client, self._keys, DedupParams.from_config(self.config))
         state = self.dedup.open()
         if state.mode != MODE_SET:

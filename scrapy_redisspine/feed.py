@@ -31,6 +31,7 @@ from scrapy_redisspine._clock import Clock, CrawlClock, Periodic
 from scrapy_redisspine._components import component_config
 from scrapy_redisspine._feed_store import FeedBatch, FeedStore, FeedTypeError
 from scrapy_redisspine._guard import CALL_ERRORS
+from scrapy_redisspine.connection import same_slot
 from scrapy_redisspine.feed_entries import BadEntry, parse_entry
 from scrapy_redisspine.keys import feed_key
 from scrapy_redisspine.push import EntryEncoder, PushOptions, push_frontier
@@ -68,6 +69,7 @@ class FeedDrain:
         self.store: FeedStore | None = None
         self._frontier: Frontier | None = None
         self._type_warned = False
+        self._slot_warned = False
         self.crawler: Crawler | None = None
         self._timer = Periodic("feed", self.drain, config.feed_seconds,
                                clock or CrawlClock(), stats)
@@ -146,7 +148,7 @@ class FeedDrain:
         if store is None or frontier is None:
             return 0
         batch = store.read(self.config.feed_batch_size)
-        if not batch.entries:
+        if not batch.entries or self._cross_slot(store):
             return 0
         good, requests, bad = self._sort(batch)
         enqueued: list[bytes] = []
@@ -166,6 +168,23 @@ class FeedDrain:
                            "(see `redisspine dead-letters`); first: %s", done.buried,
                            "y" if done.buried == 1 else "ies", store.feed_key, bad[0][0])
         return len(batch.entries)
+
+    def _cross_slot(self, store: FeedStore) -> bool:
+        """On Redis Cluster a feed key without the crawl's hash tag cannot be drained
+        (``feed_done`` must touch it and the crawl's keys in one script): its entries
+        stay where they are, counted, with one error line per worker. Checked only
+        when the feed holds entries, so the default key, unused, costs no error."""
+        if self.worker is None or same_slot(self.worker.upkeep.client, store.feed_key,
+                                            self.worker.upkeep.keys.record):
+            return False
+        self.stats.inc_value("redisspine/feed/cross_slot")
+        if not self._slot_warned:
+            self._slot_warned = True
+            logger.error(
+                "redisspine: the feed %s is not drained: on Redis Cluster its name must "
+                "carry the crawl's hash tag, e.g. REDISSPINE_FEED_KEY = '{%s}:start_urls'",
+                store.feed_key, self.worker.upkeep.keys.crawl_id)
+        return True
 
     def _sort(
         self, batch: FeedBatch

@@ -118,7 +118,8 @@ key                        type    written by                      lifetime
   ``<spider>:start_urls``): a LIST or ZSET the user writes and every worker drains
   (``feed_done`` removes what a worker enqueued). Named by the user, so it carries
   no prefix and, unless the name includes ``{crawl id}``, not the crawl's hash tag
-  (:func:`feed_key`).
+  (:func:`feed_key`). On Redis Cluster it must include it: ``feed_done`` touches it
+  with the crawl's keys (a feed key in another slot is left undrained, see feed.py).
 - ``lane_throttle``: lane -> its AutoThrottle delay (ms), with Scrapy's
   ``AUTOTHROTTLE_ENABLED``: moved by every ack that carries a download latency
   (lib/throttle.lua), by the workers of every crawl of the group; each ack rests its
@@ -132,7 +133,9 @@ key                        type    written by                      lifetime
   written beside ``P:crawls`` and removed with it.
 - ``P:crawls`` is the other key outside a crawl's hash tag: the set of crawl ids on this
   Redis, so tools can list crawls without ``KEYS``. Only ``register`` writes it, as a
-  separate command (never inside a multi-key script).
+  separate command (never inside a multi-key script); ``purge`` removes an id the same
+  way. On Redis Cluster it lives in a slot of its own, so ``redisspine list`` names
+  the crawls of every master with one SSCAN.
 """
 
 from __future__ import annotations
@@ -156,6 +159,10 @@ class CrawlKeys:
     prefix: str
     crawl_id: str
     group: str = DEFAULT_GROUP
+    #: On Redis Cluster every script must stay within one slot: the group's keys then
+    #: take the crawl's own hash tag, so politeness holds per crawl (exact and atomic,
+    #: as on one server) but is not shared with the group's other crawls.
+    cluster: bool = False
 
     def __post_init__(self) -> None:
         if not self.crawl_id:
@@ -174,6 +181,8 @@ class CrawlKeys:
         return f"{self.prefix}:{{{self.crawl_id}}}:{name}"
 
     def _group_key(self, name: str) -> str:
+        if self.cluster:
+            return f"{self.prefix}:{{{self.crawl_id}}}:g:{name}"
         # "g:" keeps a group's tag apart from a crawl id spelled like the group.
         return f"{self.prefix}:{{g:{self.group}}}:{name}"
 

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 from scrapy.utils.request import RequestFingerprinter
 
+from scrapy_redisspine.connection import is_cluster
 from scrapy_redisspine.dupefilter import fingerprint_request
 from scrapy_redisspine.feed_entries import FeedEntry
 from scrapy_redisspine.frontier import EnqueueResult, Frontier, NewRequest
@@ -135,7 +136,8 @@ def push_requests(
     ``parse``); ``options`` must match the crawl's settings."""
     entries = [FeedEntry(request, callback) for request in requests]
     options = options or PushOptions()
-    return push_entries(client, CrawlKeys(prefix, crawl_id, options.politeness_group), entries,
+    keys = CrawlKeys(prefix, crawl_id, options.politeness_group, cluster=is_cluster(client))
+    return push_entries(client, keys, entries,
                         options, fingerprinter)
 
 

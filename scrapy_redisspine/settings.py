@@ -77,9 +77,11 @@ _MAX_MIGRATION_CHUNK = 5000  # Lua's C stack bounds unpack() of one chunk
 
 SETTINGS: tuple[Setting, ...] = (
     Setting("REDISSPINE_REDIS_URL", None, as_redis_url, (),
-            "Redis URL (`redis://`, `rediss://` or `unix://`). Falls back to "
-            "`REDIS_URL`; when neither is set the plugin starts an embedded "
-            "redis-server for this project."),
+            "Redis URL: one server (`redis://`, `rediss://` or `unix://`), a Redis "
+            "Cluster (`redis+cluster://host:port[,host:port...]`) or a Sentinel-managed "
+            "primary (`redis+sentinel://host:port[,host:port...]/service_name[/db]`); "
+            "`rediss+` for TLS. Falls back to `REDIS_URL`; when neither is set the "
+            "plugin starts an embedded redis-server for this project."),
     Setting("REDISSPINE_CRAWL_ID", None, as_optional_str, (),
             "Names the crawl in Redis. Workers with the same crawl id share one "
             "frontier. Defaults to the spider's name."),
@@ -185,7 +187,8 @@ SETTINGS: tuple[Setting, ...] = (
             "Crawls under one key prefix in the same group share each lane's budget: "
             "its concurrency in flight and its rest between fetches hold across all "
             "their workers (a site sees one fleet). Give a crawl a group of its own "
-            "(e.g. its crawl id) to keep its politeness apart."),
+            "(e.g. its crawl id) to keep its politeness apart. On Redis Cluster "
+            "politeness is per crawl (one slot per script), whatever the group."),
     Setting("REDISSPINE_HOST_DELAYS", {}, as_delays, (),
             "Per-lane delay overrides in seconds, e.g. `{\"example.com\": 5}`. The "
             "default delay is Scrapy's `DOWNLOAD_DELAY`, enforced fleet-wide and counted "

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
+from scrapy_redisspine.connection import routed_to
 from scrapy_redisspine.control import read_orders
 from scrapy_redisspine.status_eta import LanePace, eta, slowest_lane
 
@@ -185,12 +186,12 @@ def _kept_totals(raw: bytes | str | None, now_ms: int) -> dict[str, Any]:
             "totals_final": state == "closed"}
 
 
-def _redis_memory(client: redis.Redis, budget_bytes: int) -> dict[str, int | None]:
+def _redis_memory(client: redis.Redis, keys: CrawlKeys, budget_bytes: int) -> dict[str, int | None]:
     """The server's memory (``INFO memory``: one O(1) command) and the budget the
     workers hold it to: the smaller of ``maxmemory`` and REDISSPINE_MEMORY_BUDGET_BYTES
     that is set (None: no limit). None for all when INFO is switched off."""
     try:
-        info = client.info("memory")
+        info = client.info("memory", **routed_to(client, keys.queue))
     except redis.ResponseError:
         return {"used_bytes": None, "max_bytes": None, "budget_bytes": None}
     used, maxmemory = int(info.get("used_memory", 0)), int(info.get("maxmemory", 0))
@@ -271,7 +272,7 @@ def read_status(
     """The crawl's state as a JSON-ready dict (the shape of ``status --json``);
     ``pace``: the lanes' delays and concurrency from the project's settings, and
     ``memory_budget_bytes`` its REDISSPINE_MEMORY_BUDGET_BYTES."""
-    seconds, micros = client.time()
+    seconds, micros = client.time(**routed_to(client, keys.workers))
     now_ms = seconds * 1000 + micros // 1000
     pipe = client.pipeline(transaction=False)
     pipe.zcard(keys.queue)
@@ -317,7 +318,7 @@ def read_status(
         "workers": workers,
         "hosts": _hosts(client, keys, backlog, top_hosts, now_ms),
         "dedup": _dedup(client, keys),
-        "redis_memory": _redis_memory(client, memory_budget_bytes),
+        "redis_memory": _redis_memory(client, keys, memory_budget_bytes),
         "counters": counters,
         "fleet_stats": fleet,
         "errors": _errors(fleet),

@@ -74,8 +74,11 @@ class RedisServer(Service):
         appendonly: bool = False,
         directory: str | Path | None = None,
         extra_args: Sequence[str] = (),
+        *,
+        config_file: str | None = None,
     ) -> None:
         self.port = port
+        self.config_file = config_file  # a file name in the directory, read first
         self.unix_socket = unix_socket
         self.appendonly = appendonly
         self.extra_args = tuple(extra_args)
@@ -115,8 +118,10 @@ class RedisServer(Service):
 
     def _command(self, binary: str) -> list[str]:
         assert self.directory is not None
+        config = [str(self.directory / self.config_file)] if self.config_file else []
         command = [
             binary,
+            *config,
             "--bind", _HOST,
             "--save", "",
             "--appendonly", "yes" if self.appendonly else "no",

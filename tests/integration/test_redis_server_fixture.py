@@ -180,3 +180,38 @@ def test_the_aof_is_where_this_servers_version_keeps_it(tmp_path: Path) -> None:
     with RedisServer(appendonly=True, directory=tmp_path / "aof") as server:
         server.client().set("k", b"v")
         assert aof_path(tmp_path / "aof", server.version).exists()
+
+
+def test_the_cluster_fixture_splits_every_slot_and_leaves_nothing_behind() -> None:
+    from scrapy_redisspine.testing.redis_cluster import ClusterServers
+
+    with ClusterServers(masters=3, replicas=1) as cluster:
+        nodes = cluster.nodes
+        directories = [node.directory for node in nodes]
+        ports = [node.port for node in nodes]
+        assert all(port is not None and port + 10000 < 65536 for port in ports)
+        for node in nodes:
+            info = cluster.info(node)
+            assert (info["cluster_state"], info["cluster_slots_assigned"]) == ("ok", "16384")
+            assert info["cluster_known_nodes"] == "6"
+        assert [cluster.is_master(node) for node in nodes] == [True] * 3 + [False] * 3
+        assert {cluster.master_of_slot(slot).port for slot in (0, 8000, 16383)} == set(
+            ports[:3])
+        assert cluster.url == "redis+cluster://" + ",".join(
+            f"127.0.0.1:{port}" for port in ports[:3])
+    assert not any(node.running for node in nodes)
+    assert not any(port_is_open(port) for port in ports if port is not None)
+    assert not any(directory is not None and directory.exists() for directory in directories)
+
+
+def test_the_sentinel_fixture_names_the_primary_and_follows_a_failover() -> None:
+    from scrapy_redisspine.testing.redis_cluster import SentinelServers
+
+    with SentinelServers() as sentinel:
+        assert sentinel.primary_port() == sentinel.primary.port
+        new = sentinel.fail_over()
+        assert new is sentinel.replica
+        assert sentinel.primary_port() == new.port
+        servers = [sentinel.primary, new, sentinel.sentinel]
+        ports = [server.port for server in servers if server is not None]
+    assert not any(port_is_open(port) for port in ports if port is not None)

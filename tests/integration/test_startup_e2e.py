@@ -98,9 +98,17 @@ def _refused(results: list[WorkerResult], reason: str, *said: str) -> str:
     ("url", "reason", "said"),
     [
         pytest.param("http://user:secret@127.0.0.1:1/0", "redisspine_config_error",
-                     ("REDISSPINE_REDIS_URL must be a redis://",), id="wrong-scheme"),
+                     ("REDISSPINE_REDIS_URL: ", "is no Redis URL"), id="wrong-scheme"),
         pytest.param("redis://:secret@127.0.0.1:1/0", "redisspine_redis_unreachable",
                      ("127.0.0.1:1", "***", "ConnectionError"), id="unreachable"),
+        pytest.param("redis+sentinel://:secret@127.0.0.1:1", "redisspine_config_error",
+                     ("REDISSPINE_REDIS_URL: ", "names the service"), id="sentinel-no-service"),
+        pytest.param("redis+cluster://:secret@127.0.0.1:1", "redisspine_redis_unreachable",
+                     ("redis+cluster://:***@127.0.0.1:1", "ConnectionError"),
+                     id="cluster-unreachable"),
+        pytest.param("redis+sentinel://:secret@127.0.0.1:1/spine", "redisspine_redis_unreachable",
+                     ("redis+sentinel://:***@127.0.0.1:1/spine", "ConnectionError"),
+                     id="sentinel-unreachable"),
     ],
 )
 def test_a_worker_that_cannot_start_says_why_in_one_line(

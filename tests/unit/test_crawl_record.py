@@ -188,7 +188,7 @@ def test_a_heartbeat_after_the_crawl_vanished_writes_nothing(
     ("settings", "said"),
     [
         pytest.param({"REDISSPINE_REDIS_URL": "http://user:secret@example.com/"},
-                     "REDISSPINE_REDIS_URL must be a redis://", id="scheme"),
+                     "is no Redis URL", id="scheme"),
         pytest.param({"REDISSPINE_LEASE_BATCH_SIZE": 0}, "REDISSPINE_LEASE_BATCH_SIZE",
                      id="bad-number"),
         pytest.param({"REDIS_URL": "localhost:6379"}, "REDIS_URL", id="fallback-url"),

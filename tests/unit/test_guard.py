@@ -115,3 +115,15 @@ def test_repairs_are_counted_and_logged_at_most_twenty_a_minute(
     )
     assert lines[20].startswith("redisspine: 5 more repair(s)")
     assert "enqueue repaired" in lines[21]
+
+
+def test_the_cluster_clients_own_errors_are_caught_and_a_slot_without_master_is_an_outage(
+) -> None:
+    from redis.exceptions import RedisClusterException, SlotNotCoveredError
+
+    from scrapy_redisspine._guard import CALL_ERRORS, is_script_error
+
+    assert issubclass(SlotNotCoveredError, CALL_ERRORS)
+    assert issubclass(RedisClusterException, CALL_ERRORS)
+    assert not is_script_error(SlotNotCoveredError("slot 12 is not covered"))
+    assert is_script_error(RedisClusterException("Keys in request don't hash to the same slot"))

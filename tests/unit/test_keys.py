@@ -108,3 +108,14 @@ def test_keys_are_frozen() -> None:
     keys = CrawlKeys("redisspine", "books")
     with pytest.raises(AttributeError):
         keys.crawl_id = "other"  # type: ignore[misc]
+
+
+def test_on_a_cluster_every_key_but_the_registry_takes_the_crawls_tag() -> None:
+    # One slot per script: the group's keys move into the crawl's slot (politeness
+    # per crawl there), and stay apart from the crawl's own keys.
+    keys = CrawlKeys("redisspine", "books", "shops", cluster=True)
+    tags = {name: _tag(key) for name, key in _all_keys(keys).items() if name != "crawls"}
+    assert set(tags.values()) == {"books"}, tags
+    assert len(set(_all_keys(keys).values())) == len(_all_keys(keys))
+    other = CrawlKeys("redisspine", "news", "shops", cluster=True)
+    assert not set(keys.group_keys()) & set(other.group_keys())
