@@ -108,7 +108,7 @@ def parse_seeds(
 
 
 def cmd_seed(ctx: CommandContext, args: argparse.Namespace) -> int:
-    from scrapy_redisspine.push import PushOptions, push_entries
+    from scrapy_redisspine.pushing import PushOptions, push_entries
 
     keys = ctx.keys(args.crawl)
     if not args.urls and not args.file:

@@ -34,7 +34,7 @@ from scrapy_redisspine._guard import CALL_ERRORS
 from scrapy_redisspine.connection import same_slot
 from scrapy_redisspine.feed_entries import BadEntry, parse_entry
 from scrapy_redisspine.keys import feed_key
-from scrapy_redisspine.push import EntryEncoder, PushOptions, push_frontier
+from scrapy_redisspine.pushing import EntryEncoder, PushOptions, push_frontier
 from scrapy_redisspine.request_codec import RequestEncodeError
 
 if TYPE_CHECKING:

@@ -22,23 +22,37 @@ from tests.integration.test_cluster_e2e import FAST_RECOVERY, crawl_ids_away_fro
 if TYPE_CHECKING:
     from pathlib import Path
 
+    from scrapy_redisspine.testing.site import TestSite
     from tests.conftest import SiteFactory
+    from tests.integration.crawlproc import Worker
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("outside_any_project")]
+
+
+def _a_third_of_a_crawl(
+    cluster: ClusterServers, site_factory: SiteFactory, project_dir: Path,
+    worker_log_dir: Path,
+) -> tuple[int, TestSite, list[Worker]]:
+    """Three workers a third of the way through a crawl whose slot is away from the
+    registry's master: the crawl's slot, the site, the workers."""
+    crawl = crawl_ids_away_from_registry(cluster, 1)[0]
+    slot = key_slot(CrawlKeys("redisspine", crawl).queue.encode())
+    site = site_factory(hosts=3, pages_per_host=20, latency=0.1)
+    fleet = Fleet(project_dir, {"REDISSPINE_REDIS_URL": cluster.url,
+                                "REDISSPINE_CRAWL_ID": crawl}, worker_log_dir)
+    workers = fleet.start(3, fleet.crawling(site, **FAST_RECOVERY), log="fleet")
+    total = len(site.all_urls())
+    wait_for(lambda: len(site.requests()) >= total // 3, 60, "a third of the crawl")
+    return slot, site, workers
 
 
 def test_a_manual_failover_of_the_crawls_master_loses_no_request(
     site_factory: SiteFactory, project_dir: Path, worker_log_dir: Path,
 ) -> None:
     with ClusterServers(masters=3, replicas=1, appendonly=True) as cluster:
-        crawl = crawl_ids_away_from_registry(cluster, 1)[0]
-        slot = key_slot(CrawlKeys("redisspine", crawl).queue.encode())
-        site = site_factory(hosts=3, pages_per_host=20, latency=0.1)
-        fleet = Fleet(project_dir, {"REDISSPINE_REDIS_URL": cluster.url,
-                                    "REDISSPINE_CRAWL_ID": crawl}, worker_log_dir)
-        workers = fleet.start(3, fleet.crawling(site, **FAST_RECOVERY), log="fleet")
+        slot, site, workers = _a_third_of_a_crawl(cluster, site_factory, project_dir,
+                                                  worker_log_dir)
         total = len(site.all_urls())
-        wait_for(lambda: len(site.requests()) >= total // 3, 60, "a third of the crawl")
         old = cluster.master_of_slot(slot)
         new = cluster.fail_over(slot)
         assert new is not old
@@ -84,14 +98,9 @@ def test_the_crawls_master_killed_mid_crawl_its_replica_takes_over_and_nothing_i
     asynchronous, so writes the dead master acknowledged last may be gone: the
     workers ride through the outage and reconcile, and every page is fetched."""
     with ClusterServers(masters=3, replicas=1, appendonly=True) as cluster:
-        crawl = crawl_ids_away_from_registry(cluster, 1)[0]
-        slot = key_slot(CrawlKeys("redisspine", crawl).queue.encode())
-        site = site_factory(hosts=3, pages_per_host=20, latency=0.1)
-        fleet = Fleet(project_dir, {"REDISSPINE_REDIS_URL": cluster.url,
-                                    "REDISSPINE_CRAWL_ID": crawl}, worker_log_dir)
-        workers = fleet.start(3, fleet.crawling(site, **FAST_RECOVERY), log="fleet")
+        slot, site, workers = _a_third_of_a_crawl(cluster, site_factory, project_dir,
+                                                  worker_log_dir)
         total = len(site.all_urls())
-        wait_for(lambda: len(site.requests()) >= total // 3, 60, "a third of the crawl")
         victim = cluster.master_of_slot(slot)
         replica = cluster.replica_of(victim)
         victim.kill()
