@@ -655,6 +655,12 @@ class FakeClock:
         self.now += seconds
 
 
+def _health_records(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    """What RedisHealth logged: caplog also takes what another test's leftover logs
+    meanwhile (seen once under pytest-xdist: a crawl-gone ERROR of the scheduler's)."""
+    return [record for record in caplog.records if record.name == "scrapy_redisspine.health"]
+
+
 class TestRedisHealth:
     def test_healthy_from_the_start(self) -> None:
         clock = FakeClock()
@@ -695,7 +701,7 @@ class TestRedisHealth:
         with caplog.at_level(logging.ERROR, logger="scrapy_redisspine"):
             for _ in range(5):
                 health.failed("heartbeat", redis.ConnectionError("refused"))
-        (record,) = caplog.records
+        (record,) = _health_records(caplog)
         assert "heartbeat" in record.getMessage()
         assert "ConnectionError" in record.getMessage()
 
@@ -710,7 +716,7 @@ class TestRedisHealth:
         caplog.clear()
         with caplog.at_level(logging.WARNING, logger="scrapy_redisspine"):
             health.succeeded()
-        (record,) = caplog.records
+        (record,) = _health_records(caplog)
         assert "back" in record.getMessage()
         assert "7.0 s" in record.getMessage()
         assert not health.down
@@ -728,7 +734,7 @@ class TestRedisHealth:
         clock.advance(5)
         with caplog.at_level(logging.DEBUG, logger="scrapy_redisspine"):
             health.succeeded()
-        assert not caplog.records
+        assert not _health_records(caplog)
         assert health.healthy_for() == pytest.approx(5)
 
 
