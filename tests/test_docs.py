@@ -15,7 +15,8 @@ if TYPE_CHECKING:
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 
 
-def _extension() -> ModuleType:
+def load_settings_reference() -> ModuleType:
+    """docs/_ext/settings_reference.py, the Sphinx extension that writes the reference."""
     spec = importlib.util.spec_from_file_location(
         "settings_reference", DOCS / "_ext" / "settings_reference.py"
     )
@@ -27,7 +28,7 @@ def _extension() -> ModuleType:
 
 
 def test_the_reference_has_one_row_per_declared_setting_with_its_default() -> None:
-    table = _extension().settings_table()
+    table = load_settings_reference().settings_table()
     rows = [line for line in table.splitlines() if line.startswith("| `REDISSPINE_")]
     assert [row.split("`")[1] for row in rows] == [setting.name for setting in SETTINGS]
     for row, setting in zip(rows, SETTINGS, strict=True):
@@ -36,7 +37,7 @@ def test_the_reference_has_one_row_per_declared_setting_with_its_default() -> No
         assert len(row.split(" | ")) == 3, f"a '|' in {setting.name}'s text broke its row"
 
 
-def test_the_settings_page_is_filled_by_the_extension() -> None:
-    assert _extension().MARKER in (DOCS / "settings.md").read_text()
+def test_the_settings_page_is_filled_by_theload_settings_reference() -> None:
+    assert load_settings_reference().MARKER in (DOCS / "settings.md").read_text()
     conf = (DOCS / "conf.py").read_text()
     assert '"settings_reference"' in conf

@@ -20,6 +20,7 @@ from tests.integration.crawlproc import (
     assert_finished,
     wait_for,
 )
+from tests.integration.test_crash_e2e import FAST_RECOVERY, _kill_then_finish
 from tests.integration.test_politeness_e2e import CLOCK_SLACK, _by_host
 
 if TYPE_CHECKING:
@@ -35,12 +36,7 @@ pytestmark = [
     ),
 ]
 
-REACTORLESS = {
-    "TWISTED_REACTOR_ENABLED": False,
-    "REDISSPINE_HEARTBEAT_SECONDS": 0.3,
-    "REDISSPINE_WORKER_TIMEOUT_SECONDS": 1.5,
-    "REDISSPINE_SWEEP_SECONDS": 0.3,
-}
+REACTORLESS = {"TWISTED_REACTOR_ENABLED": False, **FAST_RECOVERY}
 
 
 def _settings(fleet: Fleet, site: TestSite, **extra: Any) -> dict[str, Any]:
@@ -62,9 +58,7 @@ def test_reactorless_workers_lose_nothing_when_one_is_killed(
     settings = _settings(fleet, site, CONCURRENT_REQUESTS=4)
     [victim] = fleet.start(1, settings, log="v")
     wait_for(lambda: len(site.requests()) >= 8, 60, "a few pages")
-    victim.kill()
-    victim.process.wait()
-    results = fleet.run(2, settings, log="rest", timeout=120)
+    results = _kill_then_finish(fleet, settings, victim)
     assert_finished(results)
     _assert_reactorless(results)
     twice = assert_all_fetched(site)

@@ -3,10 +3,9 @@ from __future__ import annotations
 import ast
 import dataclasses
 import difflib
-import importlib.util
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pytest
 from scrapy.settings import Settings
@@ -21,25 +20,11 @@ from scrapy_redisspine.settings import (
     known_names,
     load_config,
 )
-
-if TYPE_CHECKING:
-    from types import ModuleType
+from tests.test_docs import load_settings_reference
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
-
-
-def _reference_extension() -> ModuleType:
-    """docs/_ext/settings_reference.py, the Sphinx extension that writes the reference."""
-    spec = importlib.util.spec_from_file_location(
-        "settings_reference", DOCS / "_ext" / "settings_reference.py"
-    )
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_defaults() -> None:
@@ -411,7 +396,7 @@ def test_no_docs_page_has_a_hand_written_settings_table() -> None:
 def test_the_generated_reference_lists_only_declared_settings() -> None:
     # What test_docs.py checks row by row, seen through this file's parser: the same
     # names, no unknown one, each with its declared default.
-    rows = _table_rows(_reference_extension().settings_table())
+    rows = _table_rows(load_settings_reference().settings_table())
     assert list(rows) == [setting.name for setting in SETTINGS]
     assert set(rows) <= set(DEFAULTS)
     wrong = {
