@@ -130,6 +130,7 @@ class FrontierUpkeep:
         rest_ms: int = 0,
         lane_rests: Mapping[str, int] | None = None,
         as_worker: bool = False,
+        remove: bool = True,
     ) -> SweepResult:
         """Requeue leases of silent workers and leases past the ceiling (any worker).
 
@@ -137,13 +138,18 @@ class FrontierUpkeep:
         and at least its robots.txt Crawl-delay: the dead worker may have been
         fetching from it. ``as_worker``: the sweeper is a heartbeating worker of the
         crawl; if its own heartbeat is as old as a dead one's, the whole fleet stalled
-        (a frozen Redis) and nobody is taken for dead.
+        (a frozen Redis) and nobody is taken for dead. ``remove=False`` (one shard of
+        a sharded crawl) keeps swept workers listed: they are in ``result.swept``.
         """
         args: list[str | int] = [self.epoch, timeout_ms, ceiling_ms, max_requeues, limit,
                                  self.concurrency, rest_ms,
-                                 self.worker_id if as_worker else "", *_pairs(lane_rests)]
-        requeued, dead, removed, repairs = fields(self._scripts.run("requeue_stale", args), 4)
-        return SweepResult(number(requeued), number(dead), number(removed), repairs_of(repairs))
+                                 self.worker_id if as_worker else "", "1" if remove else "0",
+                                 *_pairs(lane_rests)]
+        requeued, dead, removed, repairs, swept = fields(
+            self._scripts.run("requeue_stale", args), 5)
+        return SweepResult(number(requeued), number(dead), number(removed), repairs_of(repairs),
+                           tuple(text(worker) for worker in swept)
+                           if isinstance(swept, list) else ())
 
     def repair_unindexed(
         self,

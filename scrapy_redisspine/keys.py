@@ -140,7 +140,8 @@ key                        type    written by                      lifetime
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import zlib
+from dataclasses import dataclass, replace
 
 _FORBIDDEN_IN_ID = "{}"
 #: The politeness group of every crawl that names none: all crawls under one prefix
@@ -150,6 +151,26 @@ DEFAULT_GROUP = "default"
 GROUP_KEY_NAMES = ("group_busy", "host_next", "host_delay", "lane_limits", "lane_throttle")
 #: The registries among CrawlKeys' properties: sets of crawl ids, no crawl's own.
 REGISTRY_KEY_NAMES = ("crawls", "group_crawls")
+#: The keys each shard of a sharded crawl has a copy of (``REDISSPINE_SHARDS``): the
+#: frontier of the lanes the shard owns, and the dedup of their URLs (a URL's lane
+#: decides its shard, so dedup per shard is exact). Every other key of a crawl is
+#: crawl-wide and keeps the crawl's own tag.
+SHARD_KEY_NAMES = (
+    "queue", "hosts", "busy", "backlog", "inflight", "leases", "owned", "requeues", "seq",
+    "seen", "starts", "dedup", "bloom", "dead", "stats", "lane_pages", "items",
+)
+
+
+def shard_of(lane: str, shards: int) -> int:
+    """The shard that owns ``lane`` among ``shards``: CRC-32 of its UTF-8 bytes.
+
+    Every worker of every machine and version must agree, for all time, on where a
+    lane lives (its requests, its dedup): so a fixed checksum, never Python's
+    ``hash()``, which is salted per process.
+    """
+    if shards < 1:
+        raise ValueError(f"a crawl has at least 1 shard, got {shards}")
+    return zlib.crc32(lane.encode("utf-8", "surrogatepass")) % shards
 
 
 @dataclass(frozen=True)
@@ -163,8 +184,19 @@ class CrawlKeys:
     #: take the crawl's own hash tag, so politeness holds per crawl (exact and atomic,
     #: as on one server) but is not shared with the group's other crawls.
     cluster: bool = False
+    #: How many hash tags the crawl's frontier is spread over (REDISSPINE_SHARDS).
+    #: 1: one tag, ``{C}``, the layout of every crawl before shards existed.
+    shards: int = 1
+    #: Which shard's frontier keys this view names (``{C/shard}``); None: the
+    #: crawl-wide view, whose frontier keys (SHARD_KEY_NAMES) are the one shard's of
+    #: an unsharded crawl and stay unused in a sharded one. Built by :meth:`shard`.
+    shard: int | None = None
 
     def __post_init__(self) -> None:
+        if self.shards < 1:
+            raise ValueError(f"a crawl has at least 1 shard, got {self.shards}")
+        if self.shard is not None and not 0 <= self.shard < self.shards:
+            raise ValueError(f"shard {self.shard} is not one of the crawl's {self.shards}")
         if not self.crawl_id:
             raise ValueError("crawl id must not be empty")
         if not self.group:
@@ -177,12 +209,33 @@ class CrawlKeys:
                     "Redis Cluster hash tag"
                 )
 
+    def tag(self) -> str:
+        """The hash tag of this view's frontier keys (the crawl id, or ``C/shard``)."""
+        if self.shard is None or self.shards == 1:
+            return self.crawl_id
+        return f"{self.crawl_id}/{self.shard}"
+
     def _key(self, name: str) -> str:
+        if name in SHARD_KEY_NAMES:
+            return f"{self.prefix}:{{{self.tag()}}}:{name}"
         return f"{self.prefix}:{{{self.crawl_id}}}:{name}"
+
+    def shard_view(self, index: int) -> CrawlKeys:
+        """The keys of shard ``index``: its frontier keys under ``{C/index}``, the
+        crawl-wide keys as they are. With one shard, the same names as this view."""
+        return replace(self, shard=index)
+
+    def shard_views(self) -> tuple[CrawlKeys, ...]:
+        """Every shard's view, shard 0 first."""
+        return tuple(self.shard_view(index) for index in range(self.shards))
+
+    def shard_of(self, lane: str) -> int:
+        """The shard that owns ``lane`` (:func:`shard_of`)."""
+        return shard_of(lane, self.shards)
 
     def _group_key(self, name: str) -> str:
         if self.cluster:
-            return f"{self.prefix}:{{{self.crawl_id}}}:g:{name}"
+            return f"{self.prefix}:{{{self.tag()}}}:g:{name}"
         # "g:" keeps a group's tag apart from a crawl id spelled like the group.
         return f"{self.prefix}:{{g:{self.group}}}:{name}"
 
@@ -318,7 +371,16 @@ class CrawlKeys:
         return tuple(getattr(self, name) for name in GROUP_KEY_NAMES)
 
     def all_crawl_keys(self) -> tuple[str, ...]:
-        """Every key that belongs to this crawl alone (what a flush deletes)."""
+        """Every key that belongs to this crawl alone (what a flush deletes): in the
+        crawl-wide view of a sharded crawl, every shard's frontier keys too."""
+        own = self._own_keys()
+        if self.shard is not None or self.shards == 1:
+            return own
+        return own + tuple(
+            getattr(view, name) for view in self.shard_views() for name in SHARD_KEY_NAMES
+        )
+
+    def _own_keys(self) -> tuple[str, ...]:
         return (
             self.queue,
             self.hosts,

@@ -74,6 +74,8 @@ SCRIPT_NAMES = (
     "take_slot",
     "count_limits",
     "feed_done",
+    "shard_counts",
+    "forget_workers",
 )
 
 __all__ = [

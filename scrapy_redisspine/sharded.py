@@ -1,0 +1,309 @@
+"""One crawl's frontier spread over several hash tags (``REDISSPINE_SHARDS``).
+
+A :class:`ShardedFrontier` holds one :class:`~scrapy_redisspine.frontier.Frontier` per
+shard (its view of the keys: ``{crawl id/i}``) and one on the crawl-wide keys
+(``{crawl id}``: workers, record, control ...). A lane lives in one shard
+(:func:`~scrapy_redisspine.keys.shard_of`), with its queue, slots and the dedup of its
+URLs, so every script still runs on one shard's keys and stays atomic there.
+
+Invariants kept across shards:
+
+- A child is in the frontier before its parent's ack: children bound for shards other
+  than their parents' are enqueued in calls that complete before any ack leaves
+  (``_shards.plan_enqueue``); so no reader can see the crawl without the parent and
+  without the child.
+- A lease handle names its shard: order keys come back as ``"<shard>/<order key>"``
+  (each shard numbers its own requests), and acks, releases and buries go there.
+- Termination is read by a double collect (``_shards.double_collect``), never by N
+  readings taken for one snapshot.
+
+The crawl record holds the number of shards the crawl was created with; a worker
+with another number is refused at ``register`` (status ``shards``).
+
+Not on Redis Cluster yet: the shard scripts check the crawl record (and the lease its
+control orders) under the crawl's own tag, which a cluster puts in another slot.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+import redis
+
+from scrapy_redisspine._results import (
+    Count,
+    EnqueueResult,
+    FleetCounts,
+    Lease,
+    LeaseBatch,
+    Registration,
+    SweepResult,
+    enqueue_result,
+    fields,
+    number,
+)
+from scrapy_redisspine._results import fleet_counts as read_fleet_counts
+from scrapy_redisspine._shards import (
+    Collected,
+    ShardCounts,
+    double_collect,
+    pick,
+    plan_enqueue,
+)
+from scrapy_redisspine.connection import is_cluster
+from scrapy_redisspine.frontier import Frontier
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Sequence
+
+    from scrapy_redisspine.frontier import Ack, LeaseHandle, NewRequest, StreamItem
+    from scrapy_redisspine.keys import CrawlKeys
+
+#: How often a count retries a double collect that a concurrent change unsettled,
+#: before it reports the crawl as busy (never as idle).
+COLLECT_TRIES = 3
+
+#: One enqueue call of a phase: shard, positions of its requests, its acks (with the
+#: shard's own order keys), their item lists, loose items.
+_Send = tuple[int, list[int], "Sequence[Ack | LeaseHandle]", "Sequence[Sequence[StreamItem]]",
+              "Sequence[StreamItem]"]
+
+
+class ShardingUnsupported(ValueError):
+    """A sharded crawl was asked of a Redis it cannot run on (Redis Cluster)."""
+
+
+def shard_key(shard: int, key: str) -> str:
+    """A lease's key as the sharded frontier hands it out: its shard, then its key."""
+    return f"{shard}/{key}"
+
+
+def split_key(key: str) -> tuple[int, str]:
+    """The shard and the shard's own order key of a handed-out key."""
+    shard, slash, own = key.partition("/")
+    if not slash or not shard.isdigit():
+        raise ValueError(f"lease key {key!r} names no shard (expected 'shard/order key')")
+    return int(shard), own
+
+
+class ShardedFrontier:
+    """One worker's handle on a sharded crawl: routes every call to its shards.
+
+    Keys touched: each shard's frontier keys (``{C/i}``, see keys.SHARD_KEY_NAMES)
+    and the crawl-wide ones (``{C}``) through ``crawl``.
+    """
+
+    def __init__(self, client: redis.Redis, keys: CrawlKeys, worker_id: str,
+                 order: str = "fifo", **options: Any) -> None:
+        if keys.shard is not None:
+            raise ValueError("a ShardedFrontier takes the crawl-wide keys, not a shard's")
+        if keys.shards > 1 and is_cluster(client):
+            raise ShardingUnsupported(
+                f"REDISSPINE_SHARDS = {keys.shards} is not supported on Redis Cluster yet: "
+                "set REDISSPINE_SHARDS = 1 (each crawl then lives on one master)")
+        self.client = client
+        self.keys = keys
+        self.worker_id = worker_id
+        self.crawl = Frontier(client, keys, worker_id, order, **options)
+        self.shards = [Frontier(client, view, worker_id, order, **options)
+                       for view in keys.shard_views()]
+        self._next_shard = 0  # where the next lease starts (round-robin)
+
+    @property
+    def epoch(self) -> str:
+        return self.crawl.epoch
+
+    # -- the crawl-wide calls ------------------------------------------------------------
+
+    def register(self, *, flush: bool, alive_ms: int, spider: str = "") -> Registration:
+        """Register on the crawl-wide keys; learn the epoch for every shard."""
+        registration = self.crawl.register(flush=flush, alive_ms=alive_ms, spider=spider)
+        for shard in self.shards:
+            shard.epoch = shard.upkeep.epoch = self.crawl.epoch
+        return registration
+
+    def heartbeat(self, starting: bool = False) -> Any:
+        return self.crawl.heartbeat(starting)
+
+    def done_starting(self) -> None:
+        self.crawl.done_starting()
+
+    def leave(self) -> None:
+        self.crawl.leave()
+
+    def collect(self) -> Collected:
+        """The shards' totals by a double collect, retried while changes unsettle it."""
+        collected = double_collect(self._shard_counts, len(self.shards))
+        for _ in range(COLLECT_TRIES - 1):
+            if collected.settled:
+                break
+            collected = double_collect(self._shard_counts, len(self.shards))
+        return collected
+
+    def _shard_counts(self, index: int) -> ShardCounts:
+        queued, inflight, ever, stamp = fields(self.shards[index].run_script(
+            "shard_counts", []), 4)
+        return ShardCounts(number(queued, 1), number(inflight), bool(number(ever, 1)),
+                           number(stamp))
+
+    def fleet_counts(self, alive_ms: int, idle_close_ms: int = 0) -> FleetCounts:
+        """As ``Frontier.fleet_counts``, with the shards' totals from :meth:`collect`;
+        an unsettled collect counts one request in flight (a move was under way)."""
+        collected = self.collect()
+        inflight = collected.inflight
+        if not collected.settled and collected.queued + inflight == 0:
+            inflight = 1
+        return read_fleet_counts(self.crawl.run_script("fleet_counts", [
+            self.epoch, alive_ms, idle_close_ms, collected.queued, inflight,
+            int(collected.ever), collected.stamp,
+        ]))
+
+    def mark_finished(self) -> bool:
+        """Note the crawl finished, only after a double collect found it idle (the
+        crawl-wide queue that mark_finished.lua checks is never written)."""
+        if not self.collect().idle:
+            return False
+        return self.crawl.mark_finished()
+
+    # -- enqueue and ack -----------------------------------------------------------------
+
+    def enqueue(self, requests: Sequence[NewRequest],
+                acks: Sequence[Ack | LeaseHandle] = (),
+                items: Sequence[Sequence[StreamItem]] = (),
+                loose: Sequence[StreamItem] = ()) -> EnqueueResult:
+        """Queue requests in their lanes' shards and ack leases in theirs, children
+        first (the module docstring); a failed call raises before any ack is sent
+        when it carried children. ``loose`` items go to shard 0's items stream."""
+        if items and len(items) != len(acks):
+            raise ValueError(f"{len(items)} item lists for {len(acks)} acks")
+        split = [split_key(ack[0]) for ack in acks]
+        own_acks: list[Ack | LeaseHandle] = [
+            (own, *ack[1:]) for (_, own), ack in zip(split, acks, strict=True)]  # type: ignore[misc]
+        plan = plan_enqueue([request.lane for request in requests],
+                            [shard for shard, _ in split], len(self.shards))
+        statuses = ["?"] * len(requests)
+        results: list[EnqueueResult] = []
+        first: list[_Send] = [(shard, positions, [], [], ())
+                              for shard, positions in plan.first.items()]
+        last: list[_Send] = [(shard, positions, pick(own_acks, ack_positions),
+                              pick(items, ack_positions) if items else [], ())
+                             for shard, (positions, ack_positions) in plan.last.items()]
+        if loose:  # written as they are: with the first call there is, or on their own
+            target = first or last or [(0, [], [], [], ())]
+            shard, positions, these_acks, these_items, _ = target[0]
+            target[0] = (shard, positions, these_acks, these_items, loose)
+            if not first and not last:
+                first = target
+        for phase in (first, last):
+            replies = self._run_phase(requests, phase)
+            for (_, positions, *_rest), result in zip(phase, replies, strict=True):
+                for position, status in zip(positions, result.statuses, strict=False):
+                    statuses[position] = status
+                results.append(result)
+        return EnqueueResult(
+            "".join(statuses), sum(result.acked for result in results),
+            tuple(repair for result in results for repair in result.repairs),
+            sum(result.items_written for result in results),
+            sum(result.items_shed for result in results),
+            tuple(step for result in results for step in result.throttled),
+        )
+
+    def _run_phase(self, requests: Sequence[NewRequest],
+                   phase: Sequence[_Send]) -> list[EnqueueResult]:
+        """One call per shard, pipelined on one server; every call has completed when
+        this returns. The first error raises (after all of them ran)."""
+        calls = [self.shards[shard].enqueue_call(pick(requests, positions), acks, items, loose)
+                 for shard, positions, acks, items, loose in phase]
+        replies = self.crawl.pipelined(calls) if calls else []
+        for reply in replies:
+            if isinstance(reply, redis.RedisError):
+                raise reply
+        return [enqueue_result(reply) for reply in replies]
+
+    def ack(self, acks: Sequence[Ack | LeaseHandle]) -> int:
+        return self.enqueue((), acks).acked if acks else 0
+
+    def push(self, requests: Sequence[NewRequest]) -> EnqueueResult:
+        return self.enqueue(requests)
+
+    # -- leases --------------------------------------------------------------------------
+
+    def lease(self, count: int) -> LeaseBatch:
+        """Up to ``count`` requests from the shards, starting one shard further than the
+        last call did, each asked for what the ones before left unfilled."""
+        start = self._next_shard
+        self._next_shard = (start + 1) % len(self.shards)
+        leases: list[Lease] = []
+        batches: list[LeaseBatch] = []
+        for step in range(len(self.shards)):
+            if len(leases) >= count:
+                break
+            shard = (start + step) % len(self.shards)
+            batch = self.shards[shard].lease(count - len(leases))
+            batches.append(batch)
+            leases += [_in_shard(shard, lease) for lease in batch.leases]
+        waits = [batch.wait_ms for batch in batches if batch.wait_ms >= 0]
+        return LeaseBatch(
+            leases, sum(batch.queued for batch in batches),
+            sum(batch.inflight for batch in batches),
+            sum(batch.malformed for batch in batches), min(waits) if waits else -1,
+            tuple(repair for batch in batches for repair in batch.repairs),
+            next((batch.close_reason for batch in batches if batch.close_reason), ""),
+            sum(batch.page_limited for batch in batches),
+        )
+
+    def enqueue_and_lease(
+        self, requests: Sequence[NewRequest], acks: Sequence[Ack | LeaseHandle], count: int,
+        items: Sequence[Sequence[StreamItem]] = (), loose: Sequence[StreamItem] = (),
+    ) -> tuple[EnqueueResult | redis.RedisError, LeaseBatch]:
+        """``enqueue`` then ``lease``: a failed enqueue is returned, not raised."""
+        sent: EnqueueResult | redis.RedisError
+        try:
+            sent = self.enqueue(requests, acks, items, loose)
+        except redis.RedisError as exc:
+            sent = exc
+        return sent, self.lease(count)
+
+    def release(self, handles: Iterable[LeaseHandle]) -> Count:
+        """Put leases back, each in its shard: how many."""
+        by_shard: dict[int, list[LeaseHandle]] = {}
+        for key, token in handles:
+            shard, own = split_key(key)
+            by_shard.setdefault(shard, []).append((own, token))
+        counts = [self.shards[shard].release(group) for shard, group in by_shard.items()]
+        return Count(sum(counts), tuple(r for count in counts for r in count.repairs))
+
+    def release_orphans(self, known_keys: Iterable[str], limit: int = 10_000) -> Count:
+        """Every shard returns this worker's leases it never received."""
+        known: dict[int, list[str]] = {index: [] for index in range(len(self.shards))}
+        for key in known_keys:
+            shard, own = split_key(key)
+            known[shard].append(own)
+        counts = [self.shards[shard].release_orphans(keys, limit)
+                  for shard, keys in known.items()]
+        return Count(sum(counts), tuple(r for count in counts for r in count.repairs))
+
+    def bury(self, handle: LeaseHandle, reason: str) -> Count:
+        shard, own = split_key(handle[0])
+        return self.shards[shard].bury((own, handle[1]), reason)
+
+    # -- upkeep across shards ------------------------------------------------------------
+
+    def requeue_stale(self, **options: Any) -> SweepResult:
+        """Sweep every shard; a dead worker leaves ``workers`` only once every shard
+        took all its leases (forget_workers.lua), so no shard's sweep misses it."""
+        results = [shard.upkeep.requeue_stale(remove=False, **options)
+                   for shard in self.shards]
+        everywhere = set(results[0].swept).intersection(*(r.swept for r in results[1:]))
+        removed = 0
+        if everywhere:
+            removed = number(self.crawl.run_script(
+                "forget_workers", [options["timeout_ms"], *sorted(everywhere)]))
+        return SweepResult(
+            sum(r.requeued for r in results), sum(r.dead_lettered for r in results), removed,
+            tuple(repair for r in results for repair in r.repairs), tuple(sorted(everywhere)))
+
+
+def _in_shard(shard: int, lease: Lease) -> Lease:
+    return replace(lease, key=shard_key(shard, lease.key))
