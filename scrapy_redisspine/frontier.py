@@ -18,6 +18,7 @@ re-exported here.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import secrets
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -186,11 +187,12 @@ class Frontier:
         (``status == "shards"``, ``registration.shards`` the crawl's).
         """
         named = self._scripts.keys("register")
+        layout = self._flushed_layout() if flush else self.keys
         # A sharded crawl's flush takes each shard's in-flight counts out of the
         # group's too: those busy HASHes come first among the other keys.
-        shard_busy = ([view.busy for view in self.keys.shard_views()]
-                      if self.keys.shards > 1 else [])
-        others = [*shard_busy, *(key for key in self.keys.all_crawl_keys()
+        shard_busy = ([view.busy for view in layout.shard_views()]
+                      if layout.shards > 1 else [])
+        others = [*shard_busy, *(key for key in layout.all_crawl_keys()
                                  if key not in named and key not in shard_busy)]
         reply = self._scripts.run(
             "register",
@@ -210,6 +212,14 @@ class Frontier:
             # workers die holding the group's lane slots (extension.Recovery).
             self.client.sadd(self.keys.group_crawls, self.keys.crawl_id)
         return registration
+
+    def _flushed_layout(self) -> CrawlKeys:
+        """The keys a flush deletes: of this worker's number of shards, and of the
+        crawl's own if it has more (a flush may start it afresh with fewer)."""
+        stored = number(self.client.hget(self.keys.record, "shards"), 1)
+        if stored <= self.keys.shards:
+            return self.keys
+        return dataclasses.replace(self.keys, shards=stored)
 
     def heartbeat(self, starting: bool = False) -> Heartbeat:
         """Stamp this worker alive (and still producing start requests, if

@@ -134,14 +134,15 @@ class ShardedFrontier:
 
     def collect(self) -> Collected:
         """The shards' totals by a double collect, retried while changes unsettle it."""
-        collected = double_collect(self._shard_counts, len(self.shards))
+        collected = double_collect(self.shard_counts, len(self.shards))
         for _ in range(COLLECT_TRIES - 1):
             if collected.settled:
                 break
-            collected = double_collect(self._shard_counts, len(self.shards))
+            collected = double_collect(self.shard_counts, len(self.shards))
         return collected
 
-    def _shard_counts(self, index: int) -> ShardCounts:
+    def shard_counts(self, index: int) -> ShardCounts:
+        """Shard ``index``'s reading (shard_counts.lua), atomic on its own."""
         queued, inflight, ever, stamp = fields(self.shards[index].run_script(
             "shard_counts", []), 4)
         return ShardCounts(number(queued, 1), number(inflight), bool(number(ever, 1)),
