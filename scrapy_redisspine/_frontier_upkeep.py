@@ -28,7 +28,7 @@ from scrapy_redisspine.members import split_member
 from scrapy_redisspine.scripts import ScriptSet
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Mapping
+    from collections.abc import Iterable, Mapping, Sequence
 
     import redis
 
@@ -279,6 +279,11 @@ class FrontierUpkeep:
         self.client.srem(self.keys.crawls, self.keys.crawl_id)  # outside the crawl's slot
         self.client.srem(self.keys.group_crawls, self.keys.crawl_id)
         return deleted
+
+    def purge_keys(self, keys: Sequence[str]) -> int:
+        """purge.lua on keys of the caller's choice (record, busy, group_busy, then
+        the rest): a sharded crawl's flush of one shard on Redis Cluster (sharded.py)."""
+        return int(self._scripts.call("purge", keys, []))
 
     def purge_if_done(self, epoch: str = "", alive_ms: int = 30_000) -> bool:
         """Delete the crawl's keys if it is done (see ``scripts/purge_if_done.lua``);

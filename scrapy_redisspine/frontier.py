@@ -190,8 +190,9 @@ class Frontier:
         layout = self._flushed_layout() if flush else self.keys
         # A sharded crawl's flush takes each shard's in-flight counts out of the
         # group's too: those busy HASHes come first among the other keys.
+        # (On a cluster they are in other slots: sharded.py flushes each shard.)
         shard_busy = ([view.busy for view in layout.shard_views()]
-                      if layout.shards > 1 else [])
+                      if layout.shards > 1 and not layout.cluster else [])
         others = [*shard_busy, *(key for key in layout.all_crawl_keys()
                                  if key not in named and key not in shard_busy)]
         reply = self._scripts.run(

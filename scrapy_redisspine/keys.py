@@ -160,6 +160,14 @@ SHARD_KEY_NAMES = (
     "seen", "starts", "dedup", "bloom", "dead", "stats", "lane_pages", "items",
 )
 
+#: On Redis Cluster, a shard's scripts cannot read the crawl-wide keys (another
+#: slot): each shard keeps its own copy of these, under its tag. ``record``: the
+#: crawl's epoch (and a purge's tombstone), checked by every writing script;
+#: ``control``: the lease's close order; ``workers``: the heartbeats a sweep of the
+#: shard reads, copied from the crawl's just before (sharded.py). On one server a
+#: shard uses the crawl's own.
+CLUSTER_SHARD_COPIES = ("record", "control", "workers")
+
 
 def shard_of(lane: str, shards: int) -> int:
     """The shard that owns ``lane`` among ``shards``: CRC-32 of its UTF-8 bytes.
@@ -216,7 +224,7 @@ class CrawlKeys:
         return f"{self.crawl_id}/{self.shard}"
 
     def _key(self, name: str) -> str:
-        if name in SHARD_KEY_NAMES:
+        if name in SHARD_KEY_NAMES or (self.cluster and name in CLUSTER_SHARD_COPIES):
             return f"{self.prefix}:{{{self.tag()}}}:{name}"
         return f"{self.prefix}:{{{self.crawl_id}}}:{name}"
 
@@ -372,13 +380,20 @@ class CrawlKeys:
 
     def all_crawl_keys(self) -> tuple[str, ...]:
         """Every key that belongs to this crawl alone (what a flush deletes): in the
-        crawl-wide view of a sharded crawl, every shard's frontier keys too."""
+        crawl-wide view of a sharded crawl on one server, every shard's frontier keys
+        too (on a cluster they are in other slots: sharded.py flushes each shard)."""
         own = self._own_keys()
-        if self.shard is not None or self.shards == 1:
+        if self.shard is not None or self.shards == 1 or self.cluster:
             return own
         return own + tuple(
             getattr(view, name) for view in self.shard_views() for name in SHARD_KEY_NAMES
         )
+
+    def shard_keys(self) -> tuple[str, ...]:
+        """Every key of this shard's own (its frontier keys; on a cluster, its copies
+        of the crawl-wide ones too): what a flush of the shard deletes."""
+        names = SHARD_KEY_NAMES + (CLUSTER_SHARD_COPIES if self.cluster else ())
+        return tuple(getattr(self, name) for name in names)
 
     def _own_keys(self) -> tuple[str, ...]:
         return (

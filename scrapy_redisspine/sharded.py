@@ -20,8 +20,10 @@ Invariants kept across shards:
 The crawl record holds the number of shards the crawl was created with; a worker
 with another number is refused at ``register`` (status ``shards``).
 
-Not on Redis Cluster yet: the shard scripts check the crawl record (and the lease its
-control orders) under the crawl's own tag, which a cluster puts in another slot.
+On Redis Cluster each shard's scripts stay in the shard's slot: the shard keeps its
+own copies of the crawl record's epoch, of the lease's close order and of the
+heartbeats its sweep reads (keys.CLUSTER_SHARD_COPIES), written here; the crawl-wide
+reads (termination, heartbeats) run on the crawl's own slot.
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ from scrapy_redisspine.connection import is_cluster
 from scrapy_redisspine.frontier import Frontier
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Sequence
+    from collections.abc import Callable, Iterable, Mapping, Sequence
 
     from scrapy_redisspine.frontier import Ack, LeaseHandle, NewRequest, StreamItem
     from scrapy_redisspine.keys import CrawlKeys
@@ -98,10 +100,12 @@ class ShardedFrontier:
                  order: str = "fifo", **options: Any) -> None:
         if keys.shard is not None:
             raise ValueError("a ShardedFrontier takes the crawl-wide keys, not a shard's")
-        if keys.shards > 1 and is_cluster(client):
+        if keys.cluster != is_cluster(client):
+            raise ValueError("the keys' cluster flag must say whether the client is one")
+        if keys.shards > 1 and options.get("page_budget"):
             raise ShardingUnsupported(
-                f"REDISSPINE_SHARDS = {keys.shards} is not supported on Redis Cluster yet: "
-                "set REDISSPINE_SHARDS = 1 (each crawl then lives on one master)")
+                f"a fleet-wide page budget (CLOSESPIDER_PAGECOUNT) is not supported with "
+                f"REDISSPINE_SHARDS = {keys.shards} yet: each shard would count its own")
         self.client = client
         self.keys = keys
         self.worker_id = worker_id
@@ -118,10 +122,31 @@ class ShardedFrontier:
 
     def register(self, *, flush: bool, alive_ms: int, spider: str = "") -> Registration:
         """Register on the crawl-wide keys; learn the epoch for every shard."""
+        stored = number(self.client.hget(self.keys.record, "shards"), 1)
         registration = self.crawl.register(flush=flush, alive_ms=alive_ms, spider=spider)
+        if registration.status in ("conflict", "shards"):
+            return registration
+        if self.keys.cluster and self.keys.shards > 1:
+            if registration.flushed:
+                self._flush_shards(max(stored, self.keys.shards))
+            for shard in self.shards:
+                # The shard's copy of the crawl's identity (its scripts' epoch check);
+                # a tombstone of a purge before goes once the epoch is there.
+                self.client.hset(shard.keys.record, "epoch", registration.epoch)
+                self.client.hdel(shard.keys.record, "purged_ms")
         for shard in self.shards:
             shard.epoch = shard.upkeep.epoch = self.crawl.epoch
         return registration
+
+    def _flush_shards(self, shards: int) -> None:
+        """Delete every shard's keys (of ``shards``, the crawl's old number if it had
+        more), one slot at a time; purge.lua takes each shard's in-flight counts out
+        of its group's."""
+        layout = replace(self.keys, shards=shards)
+        for view in layout.shard_views():
+            named = (view.record, view.busy, view.group_busy)
+            rest = [key for key in view.shard_keys() if key not in named]
+            self.shards[0].upkeep.purge_keys([*named, *rest])
 
     def heartbeat(self, starting: bool = False) -> Any:
         return self.crawl.heartbeat(starting)
@@ -291,9 +316,33 @@ class ShardedFrontier:
 
     # -- upkeep across shards ------------------------------------------------------------
 
+    def set_lane_limits(self, limits: Mapping[str, int]) -> None:
+        """As ``Frontier.set_lane_limits``, into every shard's group keys (on a
+        cluster each shard has its own; on one server they are one key)."""
+        for shard in self._distinct(lambda keys: keys.lane_limits):
+            shard.set_lane_limits(limits)
+
+    def set_crawl_delay(self, lane: str, seconds: float) -> None:
+        """A lane's Crawl-delay, where its shard's scripts read it."""
+        self.shards[self.keys.shard_of(lane)].set_crawl_delay(lane, seconds)
+
+    def _distinct(self, key: Callable[[CrawlKeys], str]) -> list[Frontier]:
+        seen: dict[str, Frontier] = {}
+        for shard in self.shards:
+            seen.setdefault(key(shard.keys), shard)
+        return list(seen.values())
+
     def requeue_stale(self, **options: Any) -> SweepResult:
         """Sweep every shard; a dead worker leaves ``workers`` only once every shard
         took all its leases (forget_workers.lua), so no shard's sweep misses it."""
+        if self.keys.cluster and self.keys.shards > 1:
+            beats: list[tuple[bytes, float]] = self.client.zrange(  # type: ignore[assignment]
+                self.keys.workers, 0, -1, withscores=True)
+            pairs: list[bytes | str | int] = []
+            for member, score in beats:
+                pairs += [member, int(score)]
+            for shard in self.shards:
+                shard.run_script("copy_workers", pairs)
         results = [shard.upkeep.requeue_stale(remove=False, **options)
                    for shard in self.shards]
         everywhere = set(results[0].swept).intersection(*(r.swept for r in results[1:]))

@@ -76,6 +76,7 @@ SCRIPT_NAMES = (
     "feed_done",
     "shard_counts",
     "forget_workers",
+    "copy_workers",
 )
 
 __all__ = [

@@ -106,7 +106,8 @@ def test_a_page_acks_with_its_children_in_other_shards(
     (parent,) = frontier.lease(1).leases
     children = [_request(lanes[shard][0], "child") for shard in range(SHARDS)]
     result = frontier.enqueue(children, [(*parent.handle, 0)])
-    assert result.statuses == "++++" and result.acked == 1
+    assert result.statuses == "++++"
+    assert result.acked == 1
     assert _queued(client, keys) == [1, 1, 1, 1]
     assert _inflight(client, keys) == [0, 0, 0, 0]
 
@@ -148,10 +149,12 @@ def test_a_dead_workers_leases_come_back_from_every_shard(
     # A small limit: each shard's sweep takes one lease of the dead worker's two
     # there; it must stay listed until every shard took all.
     partial = sweeper.requeue_stale(timeout_ms=60_000, ceiling_ms=0, max_requeues=10, limit=1)
-    assert partial.requeued == SHARDS and partial.workers_removed == 0
+    assert partial.requeued == SHARDS
+    assert partial.workers_removed == 0
     assert client.zscore(keys.workers, "dead") is not None
     full = sweeper.requeue_stale(timeout_ms=60_000, ceiling_ms=0, max_requeues=10)
-    assert full.requeued == SHARDS and full.workers_removed == 1
+    assert full.requeued == SHARDS
+    assert full.workers_removed == 1
     assert client.zscore(keys.workers, "dead") is None
     assert _queued(client, keys) == [2, 2, 2, 2]
     assert _inflight(client, keys) == [0, 0, 0, 0]
@@ -165,7 +168,8 @@ def test_a_sweep_keeps_a_worker_that_beat_again(client: redis.Redis, keys: Crawl
     client.zadd(keys.workers, {"late": 1})
     swept = sweeper.shards[0].upkeep.requeue_stale(
         timeout_ms=60_000, ceiling_ms=0, max_requeues=10, remove=False)
-    assert swept.swept == ("late",) and swept.workers_removed == 0
+    assert swept.swept == ("late",)
+    assert swept.workers_removed == 0
     late.heartbeat()
     assert sweeper.crawl.run_script("forget_workers", [60_000, "late"]) == 0
     assert client.zscore(keys.workers, "late") is not None
@@ -209,7 +213,8 @@ def test_a_move_during_the_count_is_never_idle(client: redis.Redis, keys: CrawlK
 
     from scrapy_redisspine._shards import double_collect
     collected = double_collect(read, SHARDS)  # type: ignore[arg-type]
-    assert not collected.idle and not collected.settled
+    assert not collected.idle
+    assert not collected.settled
     assert frontier.collect().queued == 1
 
 
@@ -245,7 +250,9 @@ def test_a_flush_empties_every_shard_and_takes_a_new_number(
     frontier.leave()
     fresh = ShardedFrontier(client, CrawlKeys("redisspine", "sharded", shards=2), "w2")
     registration = fresh.register(flush=True, alive_ms=ALIVE_MS, spider="s")
-    assert registration.flushed and registration.status == "created"
-    assert _queued(client, keys) == [0, 0, 0, 0] and _inflight(client, keys) == [0, 0, 0, 0]
+    assert registration.flushed
+    assert registration.status == "created"
+    assert _queued(client, keys) == [0, 0, 0, 0]
+    assert _inflight(client, keys) == [0, 0, 0, 0]
     assert client.hlen(group_busy) == 0  # the shards' slots left the group's counts
     assert client.hget(keys.record, "shards") == b"2"

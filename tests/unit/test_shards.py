@@ -136,7 +136,8 @@ def test_acks_alone_and_requests_alone() -> None:
     assert plan_enqueue([], [1], 2).last == {1: ([], [0])}
     assert plan_enqueue([], [1], 2).first == {}
     only = plan_enqueue([lane[0], lane[1]], [], 2)
-    assert only.first == {0: [0], 1: [1]} and only.last == {}
+    assert only.first == {0: [0], 1: [1]}
+    assert only.last == {}
 
 
 class _Shards:
@@ -177,7 +178,9 @@ def test_a_quiet_idle_crawl_is_idle() -> None:
     shards = _Shards()
     shards.state[1] = ShardCounts(0, 0, True, 20)
     collected = double_collect(shards.read, 2)
-    assert collected.settled and collected.idle and collected.ever
+    assert collected.settled
+    assert collected.idle
+    assert collected.ever
     assert collected.stamp == 30
 
 
