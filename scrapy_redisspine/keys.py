@@ -136,6 +136,30 @@ key                        type    written by                      lifetime
   separate command (never inside a multi-key script); ``purge`` removes an id the same
   way. On Redis Cluster it lives in a slot of its own, so ``redisspine list`` names
   the crawls of every master with one SSCAN.
+
+Shards (``shards`` > 1, :mod:`scrapy_redisspine.sharded`). A crawl's lanes are spread
+over N hash tags ``{C/0}`` ... ``{C/N-1}`` by :func:`shard_of` (CRC-32 of the lane's
+UTF-8 bytes, mod N: the same in every process). Key by key:
+
+- Per shard, ``P:{C/i}:<name>`` (:data:`SHARD_KEY_NAMES`): the frontier of the lanes
+  the shard owns (queue, hosts, busy, backlog, inflight, leases, owned, requeues,
+  seq, dead, lane_pages), its dedup (seen, dedup, bloom, starts: a URL's lane decides
+  its shard, so dedup within the shard is exact; a request whose lane is not its
+  host's, by ``download_slot`` meta or ``DOWNLOAD_SLOTS``, is deduplicated within its
+  lane's shard, so the same URL in two lanes may be fetched once per lane), its
+  counters (stats: the crawl's totals are the sum over its shards) and its items.
+- Crawl-wide, ``P:{C}:<name>``: workers, record (which also keeps ``shards``: the N the
+  crawl was created with; a record without it means 1, and a worker with another N
+  is refused at register), control, fleet_stats, worker_stats, progress, starting;
+  the registries. The crawl-wide view's frontier keys exist in name only (never
+  written in a sharded crawl).
+- Group keys: on one server they keep ``{g:G}``; on Redis Cluster they take the
+  shard's tag (``P:{C/i}:g:<name>``), as an unsharded crawl's take the crawl's.
+- On Redis Cluster each shard also keeps ``P:{C/i}:record`` (a copy of the epoch, and
+  a purge's tombstone), ``P:{C/i}:control`` (the lease's close order) and
+  ``P:{C/i}:workers`` (the heartbeats its sweep reads, copied before each sweep):
+  :data:`CLUSTER_SHARD_COPIES`, so every script stays in the shard's slot.
+- With N = 1 (the default) every name is as it always was.
 """
 
 from __future__ import annotations
