@@ -110,9 +110,12 @@ def _run(url: str, ports: list[int], crawl: str, shards: int, args: argparse.Nam
     after = [_cpu(port) for port in ports]
     for process in processes:
         process.join()
+    # Each page brought one request: the crawl holds as many as it was seeded with.
+    left = seeder.collect()
     client.close()
     cpu = [b - a for a, b in zip(before, after, strict=True)]
     return {
+        "left_queued_inflight": [left.queued, left.inflight],
         "pages_per_second": pages / args.seconds,
         "cpu_us_per_page_per_master": [1e6 * c / max(pages, 1) for c in cpu],
     }
