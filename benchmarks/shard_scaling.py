@@ -25,6 +25,7 @@ the masters and the client libraries share them), so the ratios are the result.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import multiprocessing
 import statistics
@@ -58,10 +59,8 @@ def _worker(job: dict[str, Any], done: Any) -> None:
     while time.time() < until:
         children = []
         for lease in held:
-            n = next(serial)
-            children.append(NewRequest(b"http://%s/%s/%d" % (lease.lane.encode(),
-                                                             worker.encode(), n),
-                                       b"fp-%s-%d" % (worker.encode(), n), lane=lease.lane))
+            url = b"http://%s/%s/%d" % (lease.lane.encode(), worker.encode(), next(serial))
+            children.append(NewRequest(url, hashlib.sha1(url).digest(), lane=lease.lane))
         sent, batch_ = frontier.enqueue_and_lease(children, [lease.handle for lease in held],
                                                   batch)
         assert not isinstance(sent, Exception), sent

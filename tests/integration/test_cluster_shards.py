@@ -5,6 +5,7 @@ termination count work across them."""
 
 from __future__ import annotations
 
+import hashlib
 from typing import TYPE_CHECKING
 
 import pytest
@@ -57,7 +58,7 @@ def _lanes(per_shard: int = 1) -> dict[int, list[str]]:
 
 def _request(lane: str, name: str) -> NewRequest:
     payload = f"https://{lane}/{name}".encode()
-    return NewRequest(payload, b"fp-" + payload, lane=lane)
+    return NewRequest(payload, hashlib.sha1(payload).digest(), lane=lane)
 
 
 def _frontier(client: redis.Redis, keys: CrawlKeys, worker: str = "w1") -> ShardedFrontier:

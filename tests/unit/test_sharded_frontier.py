@@ -4,6 +4,7 @@ span them all; a crawl keeps the number of shards it was created with."""
 
 from __future__ import annotations
 
+import hashlib
 from typing import TYPE_CHECKING
 
 import pytest
@@ -34,7 +35,7 @@ def _lanes(shards: int = SHARDS, per_shard: int = 1) -> dict[int, list[str]]:
 
 def _request(lane: str, name: str, **kwargs: bool) -> NewRequest:
     payload = f"https://{lane}/{name}".encode()
-    return NewRequest(payload, b"fp-" + payload, lane=lane, **kwargs)
+    return NewRequest(payload, hashlib.sha1(payload).digest(), lane=lane, **kwargs)
 
 
 @pytest.fixture
