@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from scrapy_redisspine._results import (
     Count,
@@ -103,6 +103,11 @@ class FrontierUpkeep:
         self.concurrency = concurrency
         self._scripts = scripts if scripts is not None else ScriptSet(client, keys)
         self.epoch = ""  # the crawl's identity, when a registered worker holds this
+
+    def run_script(self, name: str, args: Sequence[bytes | str | int]) -> Any:
+        """Run one script on these keys: for an upkeep composed of several
+        (sharded_upkeep.py), whose sweeps span its parts."""
+        return self._scripts.run(name, args)
 
     def check_key_types(self) -> None:
         """Fail early, naming the key, if a crawl key holds the wrong type."""
@@ -274,8 +279,13 @@ class FrontierUpkeep:
         """Delete every key of the crawl, whatever it holds, leaving a tombstone in
         its record (workers still on it learn it was purged); keys deleted."""
         named = self._scripts.keys("purge")
-        rest = [key for key in self.keys.all_crawl_keys() if key not in named]
-        deleted = int(self._scripts.run("purge", [], rest))
+        # A sharded crawl on one server: its shards' in-flight counts leave the
+        # group's too (on a cluster, sharded.py purges each shard in its slot).
+        shard_busy = ([view.busy for view in self.keys.shard_views()]
+                      if self.keys.shards > 1 and not self.keys.cluster else [])
+        rest = [*shard_busy, *(key for key in self.keys.all_crawl_keys()
+                               if key not in named and key not in shard_busy)]
+        deleted = int(self._scripts.run("purge", [len(shard_busy)], rest))
         self.client.srem(self.keys.crawls, self.keys.crawl_id)  # outside the crawl's slot
         self.client.srem(self.keys.group_crawls, self.keys.crawl_id)
         return deleted

@@ -40,7 +40,6 @@ from scrapy_redisspine._results import (
     Lease,
     LeaseBatch,
     Registration,
-    SweepResult,
     enqueue_result,
     fields,
     number,
@@ -55,6 +54,7 @@ from scrapy_redisspine._shards import (
 )
 from scrapy_redisspine.connection import is_cluster
 from scrapy_redisspine.frontier import Frontier
+from scrapy_redisspine.sharded_upkeep import ShardedUpkeep
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -113,6 +113,8 @@ class ShardedFrontier:
         self.shards = [Frontier(client, view, worker_id, order, **options)
                        for view in keys.shard_views()]
         self._next_shard = 0  # where the next lease starts (round-robin)
+        self.upkeep = ShardedUpkeep(keys, self.crawl.upkeep,
+                                    [shard.upkeep for shard in self.shards])
 
     @property
     def epoch(self) -> str:
@@ -146,7 +148,7 @@ class ShardedFrontier:
         for view in layout.shard_views():
             named = (view.record, view.busy, view.group_busy)
             rest = [key for key in view.shard_keys() if key not in named]
-            self.shards[0].upkeep.purge_keys([*named, *rest])
+            self.shards[0].upkeep.purge_keys([*named, *rest])  # (KEYS name every key)
 
     def heartbeat(self, starting: bool = False) -> Any:
         return self.crawl.heartbeat(starting)
@@ -326,33 +328,30 @@ class ShardedFrontier:
         """A lane's Crawl-delay, where its shard's scripts read it."""
         self.shards[self.keys.shard_of(lane)].set_crawl_delay(lane, seconds)
 
+    def take_slot(self, lane: str, priority: int, payload: bytes
+                  ) -> tuple[Lease | None, int, tuple[str, ...]]:
+        """As ``Frontier.take_slot``, in the lane's shard."""
+        shard = self.keys.shard_of(lane)
+        lease, wait_ms, repairs = self.shards[shard].take_slot(lane, priority, payload)
+        return (None if lease is None else _in_shard(shard, lease)), wait_ms, repairs
+
+    def add_shed(self, shed: int) -> None:
+        self.crawl.add_shed(shed)  # the crawl-wide stats, which fleet_counts reads
+
+    def injected_starts(self, fingerprints: Sequence[bytes]) -> list[bool]:
+        """Which start requests entered the crawl: in whichever shard their lane put
+        them (a fingerprint is one request's, so at most one shard has it)."""
+        found = [False] * len(fingerprints)
+        for shard in self.shards:
+            found = [a or b for a, b in zip(found, shard.injected_starts(fingerprints),
+                                            strict=True)]
+        return found
+
     def _distinct(self, key: Callable[[CrawlKeys], str]) -> list[Frontier]:
         seen: dict[str, Frontier] = {}
         for shard in self.shards:
             seen.setdefault(key(shard.keys), shard)
         return list(seen.values())
-
-    def requeue_stale(self, **options: Any) -> SweepResult:
-        """Sweep every shard; a dead worker leaves ``workers`` only once every shard
-        took all its leases (forget_workers.lua), so no shard's sweep misses it."""
-        if self.keys.cluster and self.keys.shards > 1:
-            beats: list[tuple[bytes, float]] = self.client.zrange(  # type: ignore[assignment]
-                self.keys.workers, 0, -1, withscores=True)
-            pairs: list[bytes | str | int] = []
-            for member, score in beats:
-                pairs += [member, int(score)]
-            for shard in self.shards:
-                shard.run_script("copy_workers", pairs)
-        results = [shard.upkeep.requeue_stale(remove=False, **options)
-                   for shard in self.shards]
-        everywhere = set(results[0].swept).intersection(*(r.swept for r in results[1:]))
-        removed = 0
-        if everywhere:
-            removed = number(self.crawl.run_script(
-                "forget_workers", [options["timeout_ms"], *sorted(everywhere)]))
-        return SweepResult(
-            sum(r.requeued for r in results), sum(r.dead_lettered for r in results), removed,
-            tuple(repair for r in results for repair in r.repairs), tuple(sorted(everywhere)))
 
 
 def _in_shard(shard: int, lease: Lease) -> Lease:

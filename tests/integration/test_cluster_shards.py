@@ -119,7 +119,7 @@ def test_a_dead_workers_leases_come_back_from_every_master(
     dead.enqueue([_request(lanes[shard][0], "p") for shard in range(SHARDS)])
     assert len(dead.lease(SHARDS).leases) == SHARDS
     client.zadd(keys.workers, {"dead": 1})
-    swept = sweeper.requeue_stale(timeout_ms=60_000, ceiling_ms=0, max_requeues=10)
+    swept = sweeper.upkeep.requeue_stale(timeout_ms=60_000, ceiling_ms=0, max_requeues=10)
     assert swept.requeued == SHARDS
     assert swept.workers_removed == 1
     assert client.zscore(keys.workers, "dead") is None
@@ -151,3 +151,18 @@ def test_another_number_of_shards_is_refused(client: redis.Redis, keys: CrawlKey
                                               shards=3), "w2")
     refused = other.register(flush=False, alive_ms=ALIVE_MS, spider="s")
     assert (refused.status, refused.shards) == ("shards", SHARDS)
+
+
+def test_a_purge_leaves_a_tombstone_in_every_shard(client: redis.Redis, keys: CrawlKeys) -> None:
+    frontier = _frontier(client, keys)
+    lanes = _lanes()
+    frontier.enqueue([_request(lanes[shard][0], "p") for shard in range(SHARDS)])
+    frontier.lease(2)
+    assert frontier.upkeep.purge() > 0
+    for view in keys.shard_views():
+        assert client.hkeys(view.record) == [b"purged_ms"]
+        assert client.hlen(view.group_busy) == 0
+        assert not client.exists(view.queue)
+    with pytest.raises(Exception, match="LOST purged"):
+        frontier.enqueue([_request(lanes[1][0], "again")])
+    assert frontier.upkeep.dead_letters() == []

@@ -70,7 +70,7 @@ def _work(job: dict[str, Any]) -> None:
             if dying and len({lease.key.split("/")[0] for lease in batch}) > 1:
                 os.kill(os.getpid(), signal.SIGKILL)
             if time.monotonic() - swept_at > 0.3:
-                frontier.requeue_stale(timeout_ms=TIMEOUT_MS, ceiling_ms=0, max_requeues=5,
+                frontier.upkeep.requeue_stale(timeout_ms=TIMEOUT_MS, ceiling_ms=0, max_requeues=5,
                                        as_worker=True)
                 swept_at = time.monotonic()
             if not batch:
@@ -137,5 +137,5 @@ def test_a_killed_worker_of_a_sharded_crawl_loses_nothing(
     # The sweep that took its leases may have seen it stale in some shards only (its
     # heartbeat aged past the timeout between two shards' calls): it stays listed,
     # holding nothing, until a sweep finds it stale in every shard.
-    seeder.requeue_stale(timeout_ms=TIMEOUT_MS, ceiling_ms=0, max_requeues=5)
+    seeder.upkeep.requeue_stale(timeout_ms=TIMEOUT_MS, ceiling_ms=0, max_requeues=5)
     assert seeder.client.zscore(seeder.keys.workers, "w0") is None

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from scrapy_redisspine.frontier import Frontier, NewRequest
-from scrapy_redisspine.keys import CrawlKeys, shard_of
+from scrapy_redisspine.keys import SHARD_KEY_NAMES, CrawlKeys, shard_of
 from scrapy_redisspine.sharded import ShardedFrontier, split_key
 
 if TYPE_CHECKING:
@@ -149,11 +149,12 @@ def test_a_dead_workers_leases_come_back_from_every_shard(
     client.zadd(keys.workers, {"dead": 1})
     # A small limit: each shard's sweep takes one lease of the dead worker's two
     # there; it must stay listed until every shard took all.
-    partial = sweeper.requeue_stale(timeout_ms=60_000, ceiling_ms=0, max_requeues=10, limit=1)
+    partial = sweeper.upkeep.requeue_stale(timeout_ms=60_000, ceiling_ms=0, max_requeues=10,
+                                           limit=1)
     assert partial.requeued == SHARDS
     assert partial.workers_removed == 0
     assert client.zscore(keys.workers, "dead") is not None
-    full = sweeper.requeue_stale(timeout_ms=60_000, ceiling_ms=0, max_requeues=10)
+    full = sweeper.upkeep.requeue_stale(timeout_ms=60_000, ceiling_ms=0, max_requeues=10)
     assert full.requeued == SHARDS
     assert full.workers_removed == 1
     assert client.zscore(keys.workers, "dead") is None
@@ -257,3 +258,61 @@ def test_a_flush_empties_every_shard_and_takes_a_new_number(
     assert _inflight(client, keys) == [0, 0, 0, 0]
     assert client.hlen(group_busy) == 0  # the shards' slots left the group's counts
     assert client.hget(keys.record, "shards") == b"2"
+
+
+def test_dead_letters_of_every_shard_are_listed_and_reinjected(
+    client: redis.Redis, keys: CrawlKeys,
+) -> None:
+    frontier = _frontier(client, keys)
+    lanes = _lanes()
+    frontier.enqueue([_request(lanes[shard][0], "p") for shard in range(SHARDS)])
+    for lease in frontier.lease(SHARDS).leases:
+        assert frontier.bury(lease.handle, "cannot be processed") == 1
+    letters = frontier.upkeep.dead_letters(100)
+    assert sorted(int(letter.field.split("/")[0]) for letter in letters) == list(range(SHARDS))
+    for letter in letters:
+        assert split_key(letter.field)[0] == shard_of(letter.lane, SHARDS)
+    assert frontier.upkeep.reinject_dead(letter.field for letter in letters[:3]) == 3
+    assert frontier.upkeep.drop_dead([letters[3].field]) == 1
+    assert sum(_queued(client, keys)) == 3
+    assert len(frontier.upkeep.dead_letters(100)) == SHARDS - 4
+    assert frontier.upkeep.counts() == (3, 0)
+
+
+def test_a_purge_deletes_every_shard_and_frees_the_groups_slots(
+    client: redis.Redis, keys: CrawlKeys,
+) -> None:
+    frontier = _frontier(client, keys)
+    lanes = _lanes()
+    frontier.enqueue([_request(lanes[shard][0], "p") for shard in range(SHARDS)])
+    frontier.lease(3)
+    assert client.hlen(keys.group_busy) == 3
+    assert frontier.upkeep.purge() > 0
+    assert client.hlen(keys.group_busy) == 0
+    for view in keys.shard_views():
+        assert not any(client.exists(getattr(view, name)) for name in SHARD_KEY_NAMES)
+    assert client.hkeys(keys.record) == [b"purged_ms"]
+    assert frontier.fleet_counts(ALIVE_MS).status == "purged"
+
+
+def test_a_slot_for_a_request_in_memory_is_taken_in_its_lanes_shard(
+    client: redis.Redis, keys: CrawlKeys,
+) -> None:
+    frontier = _frontier(client, keys)
+    lane = _lanes()[2][0]
+    lease, _, _ = frontier.take_slot(lane, 0, b"local marker")
+    assert lease is not None
+    assert split_key(lease.key)[0] == 2
+    assert _inflight(client, keys) == [0, 0, 1, 0]
+    assert frontier.ack([lease.handle]) == 1
+
+
+def test_start_requests_are_found_in_their_shards(client: redis.Redis, keys: CrawlKeys) -> None:
+    frontier = _frontier(client, keys)
+    lanes = _lanes()
+    starts = [_request(lanes[shard][0], "start", is_start=True) for shard in range(SHARDS)]
+    assert frontier.enqueue(starts[:2]).statuses == "++"
+    found = frontier.injected_starts([request.fingerprint for request in starts])
+    assert found == [True, True, False, False]
+    assert frontier.enqueue(starts).statuses == "ss++"
+    frontier.upkeep.check_key_types()
