@@ -338,6 +338,10 @@ class Frontier:
         (:meth:`pipelined`)."""
         return ("enqueue", *self._enqueue_call(requests, acks, items, loose))
 
+    def lease_call(self, count: int) -> _Call:
+        """The lease script call ``lease`` would make, to send with others."""
+        return ("lease", *self._lease_call(count))
+
     def pipelined(self, calls: Sequence[_Call]) -> list[Any]:
         """Run script calls (of this or another frontier of the same client) in one
         round trip (one each on Redis Cluster): replies, or errors, in order."""

@@ -42,6 +42,7 @@ from scrapy_redisspine._results import (
     Registration,
     enqueue_result,
     fields,
+    lease_batch,
     number,
 )
 from scrapy_redisspine._results import fleet_counts as read_fleet_counts
@@ -259,27 +260,34 @@ class ShardedFrontier:
 
     def lease(self, count: int) -> LeaseBatch:
         """Up to ``count`` requests from the shards, starting one shard further than the
-        last call did, each asked for what the ones before left unfilled."""
+        last call did.
+
+        On one server every shard is asked for its share of ``count`` in one pipeline,
+        then the shards that gave their whole share (they may have more) for what is
+        still missing, one call each; on a cluster the shards are asked one after the
+        other, each for what the ones before left. A shard's error raises; the leases
+        other shards of the same call recorded for this worker are then its orphans,
+        returned by ``release_orphans`` as after a lost reply on one server.
+        """
         start = self._next_shard
         self._next_shard = (start + 1) % len(self.shards)
-        leases: list[Lease] = []
-        batches: list[LeaseBatch] = []
-        for step in range(len(self.shards)):
-            if len(leases) >= count:
+        order = [(start + step) % len(self.shards) for step in range(len(self.shards))]
+        taken = _Taken()
+        if count > 0 and not is_cluster(self.client):
+            asked = [(shard, share) for shard, share in zip(order, _shares(count, len(order)),
+                                                             strict=True) if share > 0]
+            replies = self.crawl.pipelined([self.shards[shard].lease_call(share)
+                                            for shard, share in asked])
+            for (shard, share), reply in zip(asked, replies, strict=True):
+                if isinstance(reply, redis.RedisError):
+                    raise reply
+                if len(taken.add(shard, lease_batch(reply)).leases) < share:
+                    order.remove(shard)  # it gave less than asked: nothing more is due
+        for shard in order:
+            if len(taken.leases) >= count:
                 break
-            shard = (start + step) % len(self.shards)
-            batch = self.shards[shard].lease(count - len(leases))
-            batches.append(batch)
-            leases += [_in_shard(shard, lease) for lease in batch.leases]
-        waits = [batch.wait_ms for batch in batches if batch.wait_ms >= 0]
-        return LeaseBatch(
-            leases, sum(batch.queued for batch in batches),
-            sum(batch.inflight for batch in batches),
-            sum(batch.malformed for batch in batches), min(waits) if waits else -1,
-            tuple(repair for batch in batches for repair in batch.repairs),
-            next((batch.close_reason for batch in batches if batch.close_reason), ""),
-            sum(batch.page_limited for batch in batches),
-        )
+            taken.add(shard, self.shards[shard].lease(count - len(taken.leases)))
+        return taken.batch()
 
     def enqueue_and_lease(
         self, requests: Sequence[NewRequest], acks: Sequence[Ack | LeaseHandle], count: int,
@@ -352,6 +360,38 @@ class ShardedFrontier:
         for shard in self.shards:
             seen.setdefault(key(shard.keys), shard)
         return list(seen.values())
+
+
+def _shares(count: int, shards: int) -> list[int]:
+    """``count`` split over ``shards`` as evenly as it goes, the larger shares first."""
+    share, extra = divmod(count, shards)
+    return [share + (1 if index < extra else 0) for index in range(shards)]
+
+
+class _Taken:
+    """The leases of one sharded lease call, and its shards' last counts."""
+
+    def __init__(self) -> None:
+        self.leases: list[Lease] = []
+        self.batches: list[LeaseBatch] = []
+        self.latest: dict[int, LeaseBatch] = {}  # a shard asked twice: its later counts
+
+    def add(self, shard: int, batch: LeaseBatch) -> LeaseBatch:
+        self.leases += [_in_shard(shard, lease) for lease in batch.leases]
+        self.batches.append(batch)
+        self.latest[shard] = batch
+        return batch
+
+    def batch(self) -> LeaseBatch:
+        waits = [batch.wait_ms for batch in self.latest.values() if batch.wait_ms >= 0]
+        return LeaseBatch(
+            self.leases, sum(batch.queued for batch in self.latest.values()),
+            sum(batch.inflight for batch in self.latest.values()),
+            sum(batch.malformed for batch in self.batches), min(waits) if waits else -1,
+            tuple(repair for batch in self.batches for repair in batch.repairs),
+            next((batch.close_reason for batch in self.batches if batch.close_reason), ""),
+            sum(batch.page_limited for batch in self.batches),
+        )
 
 
 def _in_shard(shard: int, lease: Lease) -> Lease:

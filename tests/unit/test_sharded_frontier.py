@@ -316,3 +316,19 @@ def test_start_requests_are_found_in_their_shards(client: redis.Redis, keys: Cra
     assert found == [True, True, False, False]
     assert frontier.enqueue(starts).statuses == "ss++"
     frontier.upkeep.check_key_types()
+
+
+def test_a_lease_fills_from_the_shards_that_have_work(
+    client: redis.Redis, keys: CrawlKeys,
+) -> None:
+    """Each shard is asked for its share; what the empty ones leave is taken from
+    those that gave all they were asked."""
+    frontier = _frontier(client, keys)
+    lanes = _lanes(per_shard=6)
+    frontier.enqueue([_request(lane, "p") for lane in lanes[1]])
+    for _ in range(SHARDS):  # whichever shard the rotation starts at
+        batch = frontier.lease(6)
+        assert len(batch.leases) == 6
+        assert {split_key(lease.key)[0] for lease in batch.leases} == {1}
+        assert (batch.queued, batch.inflight) == (0, 6)
+        assert frontier.release([lease.handle for lease in batch.leases]) == 6
