@@ -1,6 +1,6 @@
 """The pure parts of a sharded frontier: routing by lane, and the double collect.
 
-No Redis and no Scrapy here: :class:`~scrapy_redisspine.sharded.ShardedFrontier`
+No Redis calls and no Scrapy here: :class:`~scrapy_redisspine.sharded.ShardedFrontier`
 does the calls; these functions decide where requests go, in which order the calls
 must run, and when N separate readings of the shards prove the crawl idle.
 
@@ -17,9 +17,10 @@ passes, at which the whole crawl held nothing.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, TypeVar
 
+from scrapy_redisspine._results import Lease, LeaseBatch
 from scrapy_redisspine.keys import shard_of
 
 if TYPE_CHECKING:
@@ -114,3 +115,53 @@ def double_collect(read: Callable[[int], ShardCounts], shards: int) -> Collected
         stamp=sum(counts.stamp for counts in second),
         settled=settled,
     )
+
+
+def shard_key(shard: int, key: str) -> str:
+    """A lease's key as the sharded frontier hands it out: its shard, then its key."""
+    return f"{shard}/{key}"
+
+
+def split_key(key: str) -> tuple[int, str]:
+    """The shard and the shard's own order key of a handed-out key."""
+    shard, slash, own = key.partition("/")
+    if not slash or not shard.isdigit():
+        raise ValueError(f"lease key {key!r} names no shard (expected 'shard/order key')")
+    return int(shard), own
+
+
+def shares(count: int, shards: int) -> list[int]:
+    """``count`` split over ``shards`` as evenly as it goes, the larger shares first."""
+    share, extra = divmod(count, shards)
+    return [share + (1 if index < extra else 0) for index in range(shards)]
+
+
+class LeaseTally:
+    """The leases of one sharded lease call, and its shards' last counts."""
+
+    def __init__(self) -> None:
+        self.leases: list[Lease] = []
+        self.batches: list[LeaseBatch] = []
+        self.latest: dict[int, LeaseBatch] = {}  # a shard asked twice: its later counts
+
+    def add(self, shard: int, batch: LeaseBatch) -> LeaseBatch:
+        self.leases += [in_shard(shard, lease) for lease in batch.leases]
+        self.batches.append(batch)
+        self.latest[shard] = batch
+        return batch
+
+    def batch(self) -> LeaseBatch:
+        waits = [batch.wait_ms for batch in self.latest.values() if batch.wait_ms >= 0]
+        return LeaseBatch(
+            self.leases, sum(batch.queued for batch in self.latest.values()),
+            sum(batch.inflight for batch in self.latest.values()),
+            sum(batch.malformed for batch in self.batches), min(waits) if waits else -1,
+            tuple(repair for batch in self.batches for repair in batch.repairs),
+            next((batch.close_reason for batch in self.batches if batch.close_reason), ""),
+            sum(batch.page_limited for batch in self.batches),
+        )
+
+
+def in_shard(shard: int, lease: Lease) -> Lease:
+    """A shard's lease as the sharded frontier hands it out (:func:`shard_key`)."""
+    return replace(lease, key=shard_key(shard, lease.key))

@@ -48,10 +48,14 @@ from scrapy_redisspine._results import (
 from scrapy_redisspine._results import fleet_counts as read_fleet_counts
 from scrapy_redisspine._shards import (
     Collected,
+    LeaseTally,
     ShardCounts,
     double_collect,
+    in_shard,
     pick,
     plan_enqueue,
+    shares,
+    split_key,
 )
 from scrapy_redisspine.connection import is_cluster
 from scrapy_redisspine.frontier import Frontier
@@ -75,19 +79,6 @@ _Send = tuple[int, list[int], "Sequence[Ack | LeaseHandle]", "Sequence[Sequence[
 
 class ShardingUnsupported(ValueError):
     """A sharded crawl was asked of a Redis it cannot run on (Redis Cluster)."""
-
-
-def shard_key(shard: int, key: str) -> str:
-    """A lease's key as the sharded frontier hands it out: its shard, then its key."""
-    return f"{shard}/{key}"
-
-
-def split_key(key: str) -> tuple[int, str]:
-    """The shard and the shard's own order key of a handed-out key."""
-    shard, slash, own = key.partition("/")
-    if not slash or not shard.isdigit():
-        raise ValueError(f"lease key {key!r} names no shard (expected 'shard/order key')")
-    return int(shard), own
 
 
 class ShardedFrontier:
@@ -272,9 +263,9 @@ class ShardedFrontier:
         start = self._next_shard
         self._next_shard = (start + 1) % len(self.shards)
         order = [(start + step) % len(self.shards) for step in range(len(self.shards))]
-        taken = _Taken()
+        taken = LeaseTally()
         if count > 0 and not is_cluster(self.client):
-            asked = [(shard, share) for shard, share in zip(order, _shares(count, len(order)),
+            asked = [(shard, share) for shard, share in zip(order, shares(count, len(order)),
                                                              strict=True) if share > 0]
             replies = self.crawl.pipelined([self.shards[shard].lease_call(share)
                                             for shard, share in asked])
@@ -341,7 +332,7 @@ class ShardedFrontier:
         """As ``Frontier.take_slot``, in the lane's shard."""
         shard = self.keys.shard_of(lane)
         lease, wait_ms, repairs = self.shards[shard].take_slot(lane, priority, payload)
-        return (None if lease is None else _in_shard(shard, lease)), wait_ms, repairs
+        return (None if lease is None else in_shard(shard, lease)), wait_ms, repairs
 
     def add_shed(self, shed: int) -> None:
         self.crawl.add_shed(shed)  # the crawl-wide stats, which fleet_counts reads
@@ -360,39 +351,3 @@ class ShardedFrontier:
         for shard in self.shards:
             seen.setdefault(key(shard.keys), shard)
         return list(seen.values())
-
-
-def _shares(count: int, shards: int) -> list[int]:
-    """``count`` split over ``shards`` as evenly as it goes, the larger shares first."""
-    share, extra = divmod(count, shards)
-    return [share + (1 if index < extra else 0) for index in range(shards)]
-
-
-class _Taken:
-    """The leases of one sharded lease call, and its shards' last counts."""
-
-    def __init__(self) -> None:
-        self.leases: list[Lease] = []
-        self.batches: list[LeaseBatch] = []
-        self.latest: dict[int, LeaseBatch] = {}  # a shard asked twice: its later counts
-
-    def add(self, shard: int, batch: LeaseBatch) -> LeaseBatch:
-        self.leases += [_in_shard(shard, lease) for lease in batch.leases]
-        self.batches.append(batch)
-        self.latest[shard] = batch
-        return batch
-
-    def batch(self) -> LeaseBatch:
-        waits = [batch.wait_ms for batch in self.latest.values() if batch.wait_ms >= 0]
-        return LeaseBatch(
-            self.leases, sum(batch.queued for batch in self.latest.values()),
-            sum(batch.inflight for batch in self.latest.values()),
-            sum(batch.malformed for batch in self.batches), min(waits) if waits else -1,
-            tuple(repair for batch in self.batches for repair in batch.repairs),
-            next((batch.close_reason for batch in self.batches if batch.close_reason), ""),
-            sum(batch.page_limited for batch in self.batches),
-        )
-
-
-def _in_shard(shard: int, lease: Lease) -> Lease:
-    return replace(lease, key=shard_key(shard, lease.key))

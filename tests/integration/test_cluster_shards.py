@@ -11,10 +11,11 @@ from typing import TYPE_CHECKING
 import pytest
 from redis.crc import key_slot
 
+from scrapy_redisspine._shards import split_key
 from scrapy_redisspine.connection import client_from_url, is_cluster
 from scrapy_redisspine.frontier import NewRequest
 from scrapy_redisspine.keys import CrawlKeys, shard_of
-from scrapy_redisspine.sharded import ShardedFrontier, split_key
+from scrapy_redisspine.sharded import ShardedFrontier
 from scrapy_redisspine.testing.redis_cluster import ClusterServers
 
 if TYPE_CHECKING:

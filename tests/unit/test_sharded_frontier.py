@@ -9,9 +9,10 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from scrapy_redisspine._shards import split_key
 from scrapy_redisspine.frontier import Frontier, NewRequest
 from scrapy_redisspine.keys import SHARD_KEY_NAMES, CrawlKeys, shard_of
-from scrapy_redisspine.sharded import ShardedFrontier, split_key
+from scrapy_redisspine.sharded import ShardedFrontier
 
 if TYPE_CHECKING:
     import redis
