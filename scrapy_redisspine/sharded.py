@@ -77,6 +77,13 @@ _Send = tuple[int, list[int], "Sequence[Ack | LeaseHandle]", "Sequence[Sequence[
               "Sequence[StreamItem]"]
 
 
+def stored_shards(client: redis.Redis, keys: CrawlKeys) -> int:
+    """The number of shards the crawl was created with (its record's ``shards``; a
+    record without it, or no record: 1). Tools outside the fleet read it to pick
+    their layout."""
+    return number(client.hget(keys.record, "shards"), 1)
+
+
 class ShardingUnsupported(ValueError):
     """A sharded crawl was asked of a Redis it cannot run on (Redis Cluster)."""
 
@@ -116,7 +123,7 @@ class ShardedFrontier:
 
     def register(self, *, flush: bool, alive_ms: int, spider: str = "") -> Registration:
         """Register on the crawl-wide keys; learn the epoch for every shard."""
-        stored = number(self.client.hget(self.keys.record, "shards"), 1)
+        stored = stored_shards(self.client, self.keys)
         registration = self.crawl.register(flush=flush, alive_ms=alive_ms, spider=spider)
         if registration.status in ("conflict", "shards"):
             return registration
