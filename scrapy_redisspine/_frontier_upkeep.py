@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from scrapy_redisspine._results import (
     Count,
@@ -28,7 +28,7 @@ from scrapy_redisspine.members import split_member
 from scrapy_redisspine.scripts import ScriptSet
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Mapping
+    from collections.abc import Iterable, Mapping, Sequence
 
     import redis
 
@@ -104,6 +104,11 @@ class FrontierUpkeep:
         self._scripts = scripts if scripts is not None else ScriptSet(client, keys)
         self.epoch = ""  # the crawl's identity, when a registered worker holds this
 
+    def run_script(self, name: str, args: Sequence[bytes | str | int]) -> Any:
+        """Run one script on these keys: for an upkeep composed of several
+        (sharded_upkeep.py), whose sweeps span its parts."""
+        return self._scripts.run(name, args)
+
     def check_key_types(self) -> None:
         """Fail early, naming the key, if a crawl key holds the wrong type."""
         pipe = self.client.pipeline(transaction=False)
@@ -130,6 +135,7 @@ class FrontierUpkeep:
         rest_ms: int = 0,
         lane_rests: Mapping[str, int] | None = None,
         as_worker: bool = False,
+        remove: bool = True,
     ) -> SweepResult:
         """Requeue leases of silent workers and leases past the ceiling (any worker).
 
@@ -137,13 +143,18 @@ class FrontierUpkeep:
         and at least its robots.txt Crawl-delay: the dead worker may have been
         fetching from it. ``as_worker``: the sweeper is a heartbeating worker of the
         crawl; if its own heartbeat is as old as a dead one's, the whole fleet stalled
-        (a frozen Redis) and nobody is taken for dead.
+        (a frozen Redis) and nobody is taken for dead. ``remove=False`` (one shard of
+        a sharded crawl) keeps swept workers listed: they are in ``result.swept``.
         """
         args: list[str | int] = [self.epoch, timeout_ms, ceiling_ms, max_requeues, limit,
                                  self.concurrency, rest_ms,
-                                 self.worker_id if as_worker else "", *_pairs(lane_rests)]
-        requeued, dead, removed, repairs = fields(self._scripts.run("requeue_stale", args), 4)
-        return SweepResult(number(requeued), number(dead), number(removed), repairs_of(repairs))
+                                 self.worker_id if as_worker else "", "1" if remove else "0",
+                                 *_pairs(lane_rests)]
+        requeued, dead, removed, repairs, swept = fields(
+            self._scripts.run("requeue_stale", args), 5)
+        return SweepResult(number(requeued), number(dead), number(removed), repairs_of(repairs),
+                           tuple(text(worker) for worker in swept)
+                           if isinstance(swept, list) else ())
 
     def repair_unindexed(
         self,
@@ -268,11 +279,21 @@ class FrontierUpkeep:
         """Delete every key of the crawl, whatever it holds, leaving a tombstone in
         its record (workers still on it learn it was purged); keys deleted."""
         named = self._scripts.keys("purge")
-        rest = [key for key in self.keys.all_crawl_keys() if key not in named]
-        deleted = int(self._scripts.run("purge", [], rest))
+        # A sharded crawl on one server: its shards' in-flight counts leave the
+        # group's too (on a cluster, sharded.py purges each shard in its slot).
+        shard_busy = ([view.busy for view in self.keys.shard_views()]
+                      if self.keys.shards > 1 and not self.keys.cluster else [])
+        rest = [*shard_busy, *(key for key in self.keys.all_crawl_keys()
+                               if key not in named and key not in shard_busy)]
+        deleted = int(self._scripts.run("purge", [len(shard_busy)], rest))
         self.client.srem(self.keys.crawls, self.keys.crawl_id)  # outside the crawl's slot
         self.client.srem(self.keys.group_crawls, self.keys.crawl_id)
         return deleted
+
+    def purge_keys(self, keys: Sequence[str]) -> int:
+        """purge.lua on keys of the caller's choice (record, busy, group_busy, then
+        the rest): a sharded crawl's flush of one shard on Redis Cluster (sharded.py)."""
+        return int(self._scripts.call("purge", keys, []))
 
     def purge_if_done(self, epoch: str = "", alive_ms: int = 30_000) -> bool:
         """Delete the crawl's keys if it is done (see ``scripts/purge_if_done.lua``);

@@ -20,7 +20,7 @@ counts (``release``, ``release_orphans``, ``bury``, ``reinject_dead``) as a
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from scrapy_redisspine.members import split_member
@@ -130,6 +130,9 @@ class SweepResult:
     dead_lettered: int
     workers_removed: int
     repairs: Repairs = ()
+    # The dead workers whose leases were all taken (sharded.py's sweep needs them);
+    # a detail of the sweep, not its outcome: results compare without it.
+    swept: tuple[str, ...] = field(default=(), compare=False)
 
 
 @dataclass(frozen=True)
@@ -156,7 +159,9 @@ class Registration:
 
     ``status``: ``created``, ``joined``, ``finished`` (the crawl finished at
     ``finished_ms`` with ``acked`` requests done; nothing is queued) or ``conflict``
-    (the crawl belongs to ``spider``, another spider: nothing was written).
+    (the crawl belongs to ``spider``, another spider: nothing was written) or
+    ``shards`` (the crawl was created with ``shards`` shards, and the worker has
+    another number: nothing was written).
     """
 
     flushed: bool
@@ -166,6 +171,7 @@ class Registration:
     spider: str = ""
     finished_ms: int = 0
     acked: int = 0
+    shards: int = 0  # with status "shards": the crawl's number of shards
 
 
 @dataclass(frozen=True)
@@ -299,6 +305,8 @@ def registration(reply: Any) -> Registration:
     result = Registration(bool(number(flushed)), number(alive), status, text(epoch))
     if status == "conflict":
         return replace(result, spider=detail)
+    if status == "shards":
+        return replace(result, shards=number(detail, 1))
     if status == "finished":
         finished_ms, _, acked = detail.partition(" ")
         return replace(result, finished_ms=number(finished_ms), acked=number(acked))

@@ -59,6 +59,7 @@ from scrapy_redisspine.frontier import Frontier
 from scrapy_redisspine.keys import CrawlKeys
 from scrapy_redisspine.metrics import MAX_CRAWLS
 from scrapy_redisspine.settings import SpineConfig, load_config
+from scrapy_redisspine.sharded import stored_shards
 from scrapy_redisspine.status import crawl_exists, list_crawls
 from scrapy_redisspine.worker import default_embedded_dir
 
@@ -149,13 +150,22 @@ class Context:
         except ValueError as exc:
             raise CliError(str(exc)) from exc
 
-    def existing(self, crawl: str) -> CrawlKeys:
+    def existing(self, crawl: str, *, sharded_ok: bool = False) -> CrawlKeys:
         keys = self.keys(crawl)
         if not crawl_exists(self.client, keys):
             known = list_crawls(self.client, keys.crawls, limit=20)
             raise CliError(
                 f"no crawl {crawl!r} on {describe_url(self.url)} (prefix {self.prefix!r}); "
                 f"crawls here: {', '.join(known) or 'none'}"
+            )
+        shards = stored_shards(self.client, keys)
+        if shards > 1 and not sharded_ok:
+            # Its frontier is under {crawl/i} tags that this command does not read:
+            # it would show (or purge, or export) an empty crawl.
+            raise CliError(
+                f"crawl {crawl!r} is sharded over {shards} hash tags (ShardedFrontier); "
+                f"this command does not read sharded crawls yet (seed, pause, resume and "
+                f"drain do)"
             )
         return keys
 

@@ -125,7 +125,7 @@ def order_command(
     name: str, on: bool, message: str
 ) -> Callable[[CommandContext, argparse.Namespace], int]:
     def command(ctx: CommandContext, args: argparse.Namespace) -> int:
-        keys = ctx.existing(args.crawl)
+        keys = ctx.existing(args.crawl, sharded_ok=True)  # orders are crawl-wide
         if name == control.PAUSED and not on:
             control.give_order(ctx.client, keys, control.DRAIN, False)
         control.give_order(ctx.client, keys, name, on)

@@ -18,6 +18,7 @@ re-exported here.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import secrets
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -182,17 +183,26 @@ class Frontier:
 
         Learns the crawl's epoch (``self.epoch``), creating the crawl record if there
         is none. A crawl of another spider is refused (``status == "conflict"``)
-        with nothing written.
+        with nothing written; so is a crawl created with another number of shards
+        (``status == "shards"``, ``registration.shards`` the crawl's).
         """
         named = self._scripts.keys("register")
-        others = [key for key in self.keys.all_crawl_keys() if key not in named]
+        layout = self._flushed_layout() if flush else self.keys
+        # A sharded crawl's flush takes each shard's in-flight counts out of the
+        # group's too: those busy HASHes come first among the other keys.
+        # (On a cluster they are in other slots: sharded.py flushes each shard.)
+        shard_busy = ([view.busy for view in layout.shard_views()]
+                      if layout.shards > 1 and not layout.cluster else [])
+        others = [*shard_busy, *(key for key in layout.all_crawl_keys()
+                                 if key not in named and key not in shard_busy)]
         reply = self._scripts.run(
             "register",
-            [self.worker_id, "1" if flush else "0", alive_ms, spider, secrets.token_hex(8)],
+            [self.worker_id, "1" if flush else "0", alive_ms, spider, secrets.token_hex(8),
+             self.keys.shards, len(shard_busy)],
             others,
         )
         registration = read_registration(reply)
-        if registration.status == "conflict":
+        if registration.status in ("conflict", "shards"):
             return registration
         self.epoch = self.upkeep.epoch = registration.epoch
         # SADD is idempotent: no membership check first. A full Redis refuses it; the
@@ -203,6 +213,14 @@ class Frontier:
             # workers die holding the group's lane slots (extension.Recovery).
             self.client.sadd(self.keys.group_crawls, self.keys.crawl_id)
         return registration
+
+    def _flushed_layout(self) -> CrawlKeys:
+        """The keys a flush deletes: of this worker's number of shards, and of the
+        crawl's own if it has more (a flush may start it afresh with fewer)."""
+        stored = number(self.client.hget(self.keys.record, "shards"), 1)
+        if stored <= self.keys.shards:
+            return self.keys
+        return dataclasses.replace(self.keys, shards=stored)
 
     def heartbeat(self, starting: bool = False) -> Heartbeat:
         """Stamp this worker alive (and still producing start requests, if
@@ -306,6 +324,28 @@ class Frontier:
             sent if isinstance(sent, redis.RedisError) else enqueue_result(sent),
             lease_batch(leased),
         )
+
+    def run_script(self, name: str, args: Sequence[bytes | str | int]) -> Any:
+        """Run one script on this frontier's keys: for a frontier composed of several
+        (sharded.py), whose reads and sweeps span its parts."""
+        return self._scripts.run(name, args)
+
+    def enqueue_call(
+        self, requests: Sequence[NewRequest], acks: Sequence[Ack | LeaseHandle],
+        items: Sequence[Sequence[StreamItem]] = (), loose: Sequence[StreamItem] = (),
+    ) -> _Call:
+        """The enqueue script call ``enqueue`` would make, to send with others
+        (:meth:`pipelined`)."""
+        return ("enqueue", *self._enqueue_call(requests, acks, items, loose))
+
+    def lease_call(self, count: int) -> _Call:
+        """The lease script call ``lease`` would make, to send with others."""
+        return ("lease", *self._lease_call(count))
+
+    def pipelined(self, calls: Sequence[_Call]) -> list[Any]:
+        """Run script calls (of this or another frontier of the same client) in one
+        round trip (one each on Redis Cluster): replies, or errors, in order."""
+        return self._pipelined(calls)
 
     def _pipelined(self, calls: Sequence[_Call]) -> list[Any]:
         """Run scripts in one pipeline; replies (or errors) in order.

@@ -136,11 +136,36 @@ key                        type    written by                      lifetime
   separate command (never inside a multi-key script); ``purge`` removes an id the same
   way. On Redis Cluster it lives in a slot of its own, so ``redisspine list`` names
   the crawls of every master with one SSCAN.
+
+Shards (``shards`` > 1, :mod:`scrapy_redisspine.sharded`). A crawl's lanes are spread
+over N hash tags ``{C/0}`` ... ``{C/N-1}`` by :func:`shard_of` (CRC-32 of the lane's
+UTF-8 bytes, mod N: the same in every process). Key by key:
+
+- Per shard, ``P:{C/i}:<name>`` (:data:`SHARD_KEY_NAMES`): the frontier of the lanes
+  the shard owns (queue, hosts, busy, backlog, inflight, leases, owned, requeues,
+  seq, dead, lane_pages), its dedup (seen, dedup, bloom, starts: a URL's lane decides
+  its shard, so dedup within the shard is exact; a request whose lane is not its
+  host's, by ``download_slot`` meta or ``DOWNLOAD_SLOTS``, is deduplicated within its
+  lane's shard, so the same URL in two lanes may be fetched once per lane), its
+  counters (stats: the crawl's totals are the sum over its shards) and its items.
+- Crawl-wide, ``P:{C}:<name>``: workers, record (which also keeps ``shards``: the N the
+  crawl was created with; a record without it means 1, and a worker with another N
+  is refused at register), control, fleet_stats, worker_stats, progress, starting;
+  the registries. The crawl-wide view's frontier keys exist in name only (never
+  written in a sharded crawl).
+- Group keys: on one server they keep ``{g:G}``; on Redis Cluster they take the
+  shard's tag (``P:{C/i}:g:<name>``), as an unsharded crawl's take the crawl's.
+- On Redis Cluster each shard also keeps ``P:{C/i}:record`` (a copy of the epoch, and
+  a purge's tombstone), ``P:{C/i}:control`` (the lease's close order) and
+  ``P:{C/i}:workers`` (the heartbeats its sweep reads, copied before each sweep):
+  :data:`CLUSTER_SHARD_COPIES`, so every script stays in the shard's slot.
+- With N = 1 (the default) every name is as it always was.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import zlib
+from dataclasses import dataclass, replace
 
 _FORBIDDEN_IN_ID = "{}"
 #: The politeness group of every crawl that names none: all crawls under one prefix
@@ -150,6 +175,34 @@ DEFAULT_GROUP = "default"
 GROUP_KEY_NAMES = ("group_busy", "host_next", "host_delay", "lane_limits", "lane_throttle")
 #: The registries among CrawlKeys' properties: sets of crawl ids, no crawl's own.
 REGISTRY_KEY_NAMES = ("crawls", "group_crawls")
+#: The keys each shard of a sharded crawl has a copy of (``REDISSPINE_SHARDS``): the
+#: frontier of the lanes the shard owns, and the dedup of their URLs (a URL's lane
+#: decides its shard, so dedup per shard is exact). Every other key of a crawl is
+#: crawl-wide and keeps the crawl's own tag.
+SHARD_KEY_NAMES = (
+    "queue", "hosts", "busy", "backlog", "inflight", "leases", "owned", "requeues", "seq",
+    "seen", "starts", "dedup", "bloom", "dead", "stats", "lane_pages", "items",
+)
+
+#: On Redis Cluster, a shard's scripts cannot read the crawl-wide keys (another
+#: slot): each shard keeps its own copy of these, under its tag. ``record``: the
+#: crawl's epoch (and a purge's tombstone), checked by every writing script;
+#: ``control``: the lease's close order; ``workers``: the heartbeats a sweep of the
+#: shard reads, copied from the crawl's just before (sharded.py). On one server a
+#: shard uses the crawl's own.
+CLUSTER_SHARD_COPIES = ("record", "control", "workers")
+
+
+def shard_of(lane: str, shards: int) -> int:
+    """The shard that owns ``lane`` among ``shards``: CRC-32 of its UTF-8 bytes.
+
+    Every worker of every machine and version must agree, for all time, on where a
+    lane lives (its requests, its dedup): so a fixed checksum, never Python's
+    ``hash()``, which is salted per process.
+    """
+    if shards < 1:
+        raise ValueError(f"a crawl has at least 1 shard, got {shards}")
+    return zlib.crc32(lane.encode("utf-8", "surrogatepass")) % shards
 
 
 @dataclass(frozen=True)
@@ -163,8 +216,19 @@ class CrawlKeys:
     #: take the crawl's own hash tag, so politeness holds per crawl (exact and atomic,
     #: as on one server) but is not shared with the group's other crawls.
     cluster: bool = False
+    #: How many hash tags the crawl's frontier is spread over (REDISSPINE_SHARDS).
+    #: 1: one tag, ``{C}``, the layout of every crawl before shards existed.
+    shards: int = 1
+    #: Which shard's frontier keys this view names (``{C/shard}``); None: the
+    #: crawl-wide view, whose frontier keys (SHARD_KEY_NAMES) are the one shard's of
+    #: an unsharded crawl and stay unused in a sharded one. Built by :meth:`shard`.
+    shard: int | None = None
 
     def __post_init__(self) -> None:
+        if self.shards < 1:
+            raise ValueError(f"a crawl has at least 1 shard, got {self.shards}")
+        if self.shard is not None and not 0 <= self.shard < self.shards:
+            raise ValueError(f"shard {self.shard} is not one of the crawl's {self.shards}")
         if not self.crawl_id:
             raise ValueError("crawl id must not be empty")
         if not self.group:
@@ -177,12 +241,33 @@ class CrawlKeys:
                     "Redis Cluster hash tag"
                 )
 
+    def tag(self) -> str:
+        """The hash tag of this view's frontier keys (the crawl id, or ``C/shard``)."""
+        if self.shard is None or self.shards == 1:
+            return self.crawl_id
+        return f"{self.crawl_id}/{self.shard}"
+
     def _key(self, name: str) -> str:
+        if name in SHARD_KEY_NAMES or (self.cluster and name in CLUSTER_SHARD_COPIES):
+            return f"{self.prefix}:{{{self.tag()}}}:{name}"
         return f"{self.prefix}:{{{self.crawl_id}}}:{name}"
+
+    def shard_view(self, index: int) -> CrawlKeys:
+        """The keys of shard ``index``: its frontier keys under ``{C/index}``, the
+        crawl-wide keys as they are. With one shard, the same names as this view."""
+        return replace(self, shard=index)
+
+    def shard_views(self) -> tuple[CrawlKeys, ...]:
+        """Every shard's view, shard 0 first."""
+        return tuple(self.shard_view(index) for index in range(self.shards))
+
+    def shard_of(self, lane: str) -> int:
+        """The shard that owns ``lane`` (:func:`shard_of`)."""
+        return shard_of(lane, self.shards)
 
     def _group_key(self, name: str) -> str:
         if self.cluster:
-            return f"{self.prefix}:{{{self.crawl_id}}}:g:{name}"
+            return f"{self.prefix}:{{{self.tag()}}}:g:{name}"
         # "g:" keeps a group's tag apart from a crawl id spelled like the group.
         return f"{self.prefix}:{{g:{self.group}}}:{name}"
 
@@ -318,7 +403,23 @@ class CrawlKeys:
         return tuple(getattr(self, name) for name in GROUP_KEY_NAMES)
 
     def all_crawl_keys(self) -> tuple[str, ...]:
-        """Every key that belongs to this crawl alone (what a flush deletes)."""
+        """Every key that belongs to this crawl alone (what a flush deletes): in the
+        crawl-wide view of a sharded crawl on one server, every shard's frontier keys
+        too (on a cluster they are in other slots: sharded.py flushes each shard)."""
+        own = self._own_keys()
+        if self.shard is not None or self.shards == 1 or self.cluster:
+            return own
+        return own + tuple(
+            getattr(view, name) for view in self.shard_views() for name in SHARD_KEY_NAMES
+        )
+
+    def shard_keys(self) -> tuple[str, ...]:
+        """Every key of this shard's own (its frontier keys; on a cluster, its copies
+        of the crawl-wide ones too): what a flush of the shard deletes."""
+        names = SHARD_KEY_NAMES + (CLUSTER_SHARD_COPIES if self.cluster else ())
+        return tuple(getattr(self, name) for name in names)
+
+    def _own_keys(self) -> tuple[str, ...]:
         return (
             self.queue,
             self.hosts,

@@ -10,7 +10,7 @@ Fingerprints use Scrapy's default request fingerprinter; a crawl with a custom
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from scrapy.utils.request import RequestFingerprinter
@@ -23,6 +23,7 @@ from scrapy_redisspine.keys import DEFAULT_GROUP, CrawlKeys
 from scrapy_redisspine.politeness import make_lane_function
 from scrapy_redisspine.request_codec import RequestCodec
 from scrapy_redisspine.serialization import get_serializer
+from scrapy_redisspine.sharded import ShardedFrontier, stored_shards
 from scrapy_redisspine.tracking import tracking_params
 from scrapy_redisspine.worker import new_worker_id
 
@@ -105,9 +106,16 @@ def push_entries(
     client: redis.Redis, keys: CrawlKeys, entries: Sequence[FeedEntry],
     options: PushOptions, fingerprinter: RequestFingerprinterProtocol | None = None,
 ) -> EnqueueResult:
-    """Enqueue entries through the crawl's dedup, in one round trip."""
-    frontier = push_frontier(client, keys, options)
-    return frontier.push(new_requests(entries, options, fingerprinter))
+    """Enqueue entries through the crawl's dedup, in one round trip (one per shard
+    the entries fall in, for a crawl created sharded: ``sharded.py``)."""
+    requests = new_requests(entries, options, fingerprinter)
+    shards = stored_shards(client, keys)
+    if shards > 1:
+        return ShardedFrontier(
+            client, replace(keys, shards=shards), f"push:{new_worker_id()}", options.order,
+            concurrency=options.host_concurrency, backlog_cap=options.backlog_cap,
+        ).push(requests)
+    return push_frontier(client, keys, options).push(requests)
 
 
 def push_requests(

@@ -74,6 +74,9 @@ SCRIPT_NAMES = (
     "take_slot",
     "count_limits",
     "feed_done",
+    "shard_counts",
+    "forget_workers",
+    "copy_workers",
 )
 
 __all__ = [

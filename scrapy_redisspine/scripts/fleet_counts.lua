@@ -17,6 +17,10 @@ ARGV[1]  epoch     the crawl's epoch, as the worker learned it at registration
 ARGV[2]  alive_ms  a starting worker whose heartbeat is older than this is dead
 ARGV[3]  idle_close_ms  REDISSPINE_IDLE_CLOSE_SECONDS in ms (0: no idle close, and
                     this script writes nothing)
+ARGV[4..7]         (a sharded crawl only) queued, in flight, ever, mark: the shards'
+                   totals from a double collect (shard_counts.lua), read by the
+                   caller because they live under other hash tags; the queue and
+                   inflight keys (the crawl-wide view's, never written) are not read
 
 Idle close (fed crawls, REDISSPINE_KEEP_ALIVE): the record keeps idle_since_ms, the
 Redis time a count first saw nothing queued and nothing in flight, and idle_mark, the
@@ -48,7 +52,13 @@ end
 local shed = redis.call("HGET", stats, "shed")
 shed = shed and math.floor(tonumber(shed) or 1) or 0
 local now_ms = clock_ms()
-local queued, in_flight = redis.call("ZCARD", queue), redis.call("HLEN", inflight)
+local queued, in_flight, shard_ever, shard_mark
+if ARGV[4] then
+    queued, in_flight = tonumber(ARGV[4]), tonumber(ARGV[5])
+    shard_ever, shard_mark = tonumber(ARGV[6]), tonumber(ARGV[7])
+else
+    queued, in_flight = redis.call("ZCARD", queue), redis.call("HLEN", inflight)
+end
 local producing = redis.call("ZCOUNT", starting, now_ms - alive_ms, "+inf")
 local close_reason = redis.call("HGET", control, "close_reason") or ""
 
@@ -59,8 +69,8 @@ local function idle_for()
         return -1
     end
     local counted = redis.pcall("HMGET", stats, "enqueued", "leased") -- (any type)
-    local mark = 0
-    if type(counted) == "table" then
+    local mark = shard_mark or 0
+    if not shard_mark and type(counted) == "table" then
         mark = (count_of(counted[1]) or 0) + (count_of(counted[2]) or 0)
     end
     local kept = redis.call("HMGET", record, "idle_since_ms", "idle_mark")
@@ -86,8 +96,8 @@ return {
     in_flight,
     producing,
     -- a crawl purged as finished (persistence off) keeps no counters, only that
-    math.max(redis.call("HEXISTS", stats, "enqueued"), redis.call("HEXISTS", stats, "leased"),
-             redis.call("HEXISTS", record, "finished_ms")),
+    math.max(shard_ever or 0, redis.call("HEXISTS", stats, "enqueued"),
+             redis.call("HEXISTS", stats, "leased"), redis.call("HEXISTS", record, "finished_ms")),
     shed,
     idle_ms,
     close_reason,

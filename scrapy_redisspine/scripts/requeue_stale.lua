@@ -37,11 +37,16 @@ ARGV[8]  sweeper       the sweeping worker's id ("": a tool). A sweeper whose ow
                        heartbeat is older than the timeout was frozen with the
                        others (Redis itself stalled, or the sweeper did): nobody is
                        taken for dead then, and the call changes nothing
-ARGV[9 ..]             pairs: lane, rest (ms) of lanes with a delay of their own
+ARGV[9]  remove       "1": a dead worker whose leases were all taken leaves
+                       `workers`. "0" (a shard of a sharded crawl): it stays listed,
+                       since its leases in the other shards are still to be swept
+                       (sharded.py removes it once every shard took them)
+ARGV[10 ..]            pairs: lane, rest (ms) of lanes with a delay of their own
 
-Returns { requeued, dead_lettered, workers_removed, repairs }: repairs lists the
-values of crawl keys repaired (lib/numbers.lua). Every key's type is checked before
-the first write.
+Returns { requeued, dead_lettered, workers_removed, repairs, swept }: repairs lists
+the values of crawl keys repaired (lib/numbers.lua); swept, the dead workers whose
+leases (here) were all taken, removed from `workers` or not. Every key's type is
+checked before the first write.
 ]]
 -- #include clock
 -- #include crawl
@@ -63,16 +68,16 @@ local refused = crawl_refusal(record, epoch)
 if refused then
     return refused -- the crawl is gone: write nothing
 end
-local sweeper = ARGV[8]
+local sweeper, remove = ARGV[8], ARGV[9]
 local lane_rests = {}
-for i = 9, #ARGV - 1, 2 do
+for i = 10, #ARGV - 1, 2 do
     lane_rests[ARGV[i]] = tonumber(ARGV[i + 1])
 end
 local now_ms = clock_ms()
 if sweeper ~= "" then
     local own = tonumber(redis.call("ZSCORE", workers, sweeper) or "")
     if own and own > 0 and own < now_ms - timeout_ms then
-        return { 0, 0, 0, {} } -- a stall, not deaths: every heartbeat is old
+        return { 0, 0, 0, {}, {} } -- a stall, not deaths: every heartbeat is old
     end
 end
 lanes_init(queue, hosts, busy, backlog, host_next, concurrency, now_ms, lane_limits,
@@ -84,7 +89,7 @@ keys_expect(workers, "zset", owned, "zset", inflight, "hash", leases, "zset", qu
 requeue_init(queue, requeues, dead, host_delay, max_requeues, rest_ms, lane_rests)
 local counts = { q = 0, d = 0 }
 local budget = limit
-local removed = 0
+local removed, swept = 0, {}
 
 local function handle(key, reason, owner)
     local outcome = requeue_lease(key, reason, owner)
@@ -108,8 +113,11 @@ for _, worker in ipairs(stale) do
                worker)
     end
     if budget > 0 then
-        redis.call("ZREM", workers, worker)
-        removed = removed + 1
+        swept[#swept + 1] = worker
+        if remove == "1" then
+            redis.call("ZREM", workers, worker)
+            removed = removed + 1
+        end
     elseif #held > 0 then
         -- Only part of its leases were taken: the next sweep goes on with the rest,
         -- and score 0 tells the worker, should it beat again, that it was swept.
@@ -131,4 +139,4 @@ end
 if counts.d > 0 then
     stats_add(stats, "dead_lettered", counts.d)
 end
-return { counts.q, counts.d, removed, numbers_repairs() }
+return { counts.q, counts.d, removed, numbers_repairs(), swept }

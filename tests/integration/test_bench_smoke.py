@@ -75,3 +75,19 @@ def test_queue_memory_benchmark_smoke() -> None:
     assert report["keys"]["queue"]["bytes_per_request"] > 0
     assert report["used_memory_bytes_per_request"] > 0
     assert report["member_example"].endswith("http://h0.example/p/300'")
+
+
+@pytest.mark.e2e
+def test_shard_scaling_benchmark_smoke() -> None:
+    # both set-ups ran, every master of the cluster did work, nothing was lost
+    command = [sys.executable, str(ROOT / "benchmarks" / "shard_scaling.py"), "--seconds",
+               "1", "--reps", "1", "--lanes", "100"]
+    out = subprocess.run(command, check=True, capture_output=True, text=True, timeout=300)
+    report = json.loads(out.stdout)
+    (single,), (cluster,) = report["all"]["single"], report["all"]["cluster"]
+    for run in (single, cluster):
+        assert run["pages_per_second"] > 0, run
+        assert run["left_queued_inflight"] == [100, 0], run
+    assert len(cluster["cpu_us_per_page_per_master"]) == 3
+    assert all(cpu > 0 for cpu in cluster["cpu_us_per_page_per_master"]), cluster
+    assert list(report["cluster_crawls_shards_per_master"].values()) == [[2, 2, 2]]

@@ -294,3 +294,32 @@ def test_sweep_gives_a_dead_crawls_slots_back_to_the_politeness_group(
     assert not real_redis.exists(KEYS.group_busy)
     real_redis.zadd(other.keys.hosts, {"shared.test": 0}, xx=True)  # skip the re-check wait
     assert [lease.payload for lease in other.lease(1).leases] == [b"papers"]
+
+
+def test_a_sharded_crawl_is_seeded_in_its_shards_and_not_misread(
+    redis_url: str, real_redis: redis.Redis, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A crawl created sharded (ShardedFrontier): `seed` routes each URL to its lane's
+    shard, orders work, and the commands that read the unsharded keys refuse in one
+    line instead of showing (or purging) an empty crawl."""
+    from scrapy_redisspine.sharded import ShardedFrontier
+
+    sharded = CrawlKeys("redisspine", "books", shards=3)
+    ShardedFrontier(real_redis, sharded, "w1").register(flush=False, alive_ms=30_000,
+                                                         spider="books")
+    _seed(redis_url, "http://a.test/1", "http://b.test/1", "http://c.test/1")
+    assert "3 new" in capsys.readouterr().out
+    queued = {view.shard: real_redis.zcard(view.queue) for view in sharded.shard_views()}
+    expected: dict[int | None, int] = dict.fromkeys(range(3), 0)
+    for lane in ("a.test", "b.test", "c.test"):
+        expected[sharded.shard_of(lane)] += 1
+    assert queued == expected
+    assert not real_redis.exists(KEYS.queue)
+    for command in (("status", "books"), ("dead-letters", "books"), ("purge", "books", "--yes")):
+        assert run(redis_url, *command) == cli.EXIT_USAGE
+        err = capsys.readouterr().err
+        assert "crawl 'books' is sharded over 3 hash tags" in err
+        assert len(err.strip().splitlines()) == 1
+    assert sum(real_redis.zcard(view.queue) for view in sharded.shard_views()) == 3  # kept
+    assert run(redis_url, "pause", "books") == 0
+    assert read_orders(real_redis, KEYS).paused
