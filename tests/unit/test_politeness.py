@@ -347,6 +347,82 @@ class TestRest:
         assert batch.wait_ms == 0
 
 
+class TestRestFromTheEndOfTheFetch:
+    """An ack tells how long ago its fetch ended (ms): the rest starts then, credited
+    up to the rest itself, and a value that is no elapsed time counts as 0."""
+
+    def _acked(
+        self, make_frontier: FrontierFactory, client: redis.Redis, rest_ms: int, elapsed: Any
+    ) -> tuple[int, int, Any]:
+        """Ack a lease of a.example with this rest and elapsed; (server ms before,
+        after, the enqueue result)."""
+        frontier = make_frontier()
+        frontier.enqueue(_lane_requests("a.example", 2))
+        (lease,) = frontier.lease(10).leases
+        before = _server_ms(client)
+        result = frontier.enqueue((), [(lease.key, lease.token, rest_ms, -1, 0, elapsed)])
+        after = _server_ms(client)
+        assert result.acked == 1
+        return before, after, result
+
+    def test_the_rest_starts_when_the_fetch_ended(
+        self, make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        before, after, result = self._acked(make_frontier, client, REST_MS, 20_000)
+        next_at = int(client.hget(crawl_keys.host_next, "a.example"))
+        assert before + REST_MS - 20_000 <= next_at <= after + REST_MS - 20_000
+        assert client.zscore(crawl_keys.hosts, "a.example") == next_at
+        assert result.repairs == ()
+
+    def test_the_credit_is_capped_at_the_rest(
+        self, make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        # A stale ack (sent long after its fetch: an outage) makes the lane due now,
+        # never in the past, where it would jump the lanes freed before it.
+        before, after, _ = self._acked(make_frontier, client, 1_000, 3_600_000)
+        assert not client.hexists(crawl_keys.host_next, "a.example")
+        due = client.zscore(crawl_keys.hosts, "a.example")
+        assert due is not None
+        assert before <= due <= after
+
+    def test_a_credit_never_cuts_an_earlier_longer_rest(
+        self, make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        frontier, held = _resting_lane_with_a_lease_left(make_frontier)
+        blocked_until = int(client.hget(crawl_keys.host_next, "a.example"))
+        assert frontier.enqueue((), [(held.key, held.token, 500, -1, 0, 400)]).acked == 1
+        assert int(client.hget(crawl_keys.host_next, "a.example")) == blocked_until
+        assert frontier.lease(10).leases == []
+
+    @pytest.mark.parametrize("garbage", ["-5", "x", "nan", "inf", ""])
+    def test_garbage_counts_as_no_credit_and_is_recorded(
+        self, make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys,
+        garbage: str,
+    ) -> None:
+        before, after, result = self._acked(make_frontier, client, REST_MS, garbage)
+        next_at = int(client.hget(crawl_keys.host_next, "a.example"))
+        assert before + REST_MS <= next_at <= after + REST_MS, "the whole rest, from now"
+        (repair,) = result.repairs
+        assert repair.startswith("ack ")
+        assert repair.endswith("-> 0 (elapsed)")
+
+    def test_the_worker_logs_and_counts_a_garbage_credit(
+        self, make_frontier: FrontierFactory, client: redis.Redis,
+        caplog: pytest.LogCaptureFixture,
+    ) -> None:
+        from scrapy.statscollectors import MemoryStatsCollector
+
+        from scrapy_redisspine._guard import RedisGuard
+
+        _, _, result = self._acked(make_frontier, client, 500, "-1")
+        stats = MemoryStatsCollector(get_crawler(Spider))
+        guard = RedisGuard(stats, time.monotonic)
+        with caplog.at_level("WARNING", logger="scrapy_redisspine"):
+            guard.repaired("enqueue", result.repairs)
+        assert stats.get_value("redisspine/repaired") == 1
+        assert [r.getMessage() for r in caplog.records if "(elapsed)" in r.getMessage()]
+
+
 class TestRoundRobin:
     def test_a_huge_lane_does_not_starve_small_ones(
         self, make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys
