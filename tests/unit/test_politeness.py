@@ -918,6 +918,10 @@ class StubHosts:
     def __init__(self) -> None:
         self.blocks: list[tuple[Request, float]] = []
         self.learned: list[tuple[str, float]] = []
+        self.arrivals: list[Request] = []
+
+    def received(self, request: Request) -> None:
+        self.arrivals.append(request)
 
     def block_host(self, request: Request, seconds: float) -> None:
         self.blocks.append((request, seconds))
@@ -981,6 +985,7 @@ class TestPolitenessMiddleware:
         response = _response(request, status, **headers)
         assert middleware.process_response(request, response, Spider("s")) is response
         assert hosts.blocks == []
+        assert hosts.arrivals == [request], "every response's arrival is noted (its rest)"
 
     def test_before_the_worker_opened_nothing_happens(self) -> None:
         middleware = Politeness(load_config({}))
@@ -1223,11 +1228,18 @@ class TestWakeWhenDue:
         scheduler.leaser.wake_when_due(200)
         (call,) = self._wake_calls(scheduler, clock)
         assert call.getTime() == pytest.approx(clock.seconds() + 0.2)
-        scheduler.leaser.wake_when_due(10)
+        scheduler.leaser.wake_when_due(300)
         assert self._wake_calls(scheduler, clock) == [call], "one pending wake-up is enough"
+        # A lane due sooner (an ack just rested it for less) moves the one timer: it
+        # is not served late, waiting for the lane the timer was set for.
+        scheduler.leaser.wake_when_due(10)
+        (sooner,) = self._wake_calls(scheduler, clock)
+        assert sooner.getTime() == pytest.approx(clock.seconds() + 0.01)
         wakes = engine_of(scheduler).wakes
-        clock.advance(0.2)
+        clock.advance(0.01)
         assert engine_of(scheduler).wakes == wakes + 1
+        clock.advance(0.3)
+        assert engine_of(scheduler).wakes == wakes + 1, "the 200 ms timer was moved, not kept"
 
     def test_wake_resets_the_empty_lease_back_off(
         self, scheduler: Scheduler, monkeypatch: pytest.MonkeyPatch

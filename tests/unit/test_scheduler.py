@@ -790,19 +790,3 @@ def test_requests_redis_did_not_queue_are_reported_dropped(
     assert scheduler.outbox.try_flush()
     assert dropped == [duplicate, capped]
 
-
-def test_the_wake_up_timer_moves_to_a_lane_due_sooner(
-    make_scheduler: MakeScheduler, clock: task.Clock
-) -> None:
-    # One timer, at the earliest due time heard of: a lane an ack just rested for
-    # less than the wait of the lane the timer was set for is not served late.
-    scheduler = make_scheduler(REDISSPINE_IDLE_POLL_SECONDS=5.0)  # no idle wake-up here
-    engine = engine_of(scheduler)
-    scheduler.leaser.wake_when_due(800)
-    scheduler.leaser.wake_when_due(300)
-    scheduler.leaser.wake_when_due(600)  # later than the timer: it stays
-    before = engine.wakes
-    clock.advance(0.301)
-    assert engine.wakes == before + 1, "woken when the sooner lane is due"
-    clock.advance(1.0)
-    assert engine.wakes == before + 1, "one timer: the one for 800 ms was moved, not kept"
