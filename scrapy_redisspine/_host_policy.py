@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+from scrapy_redisspine._clock import CrawlClock
 from scrapy_redisspine._guard import CALL_ERRORS
 from scrapy_redisspine.politeness import DelayPolicy, make_lane_function
 
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
     from scrapy import Request, Spider
     from scrapy.statscollectors import StatsCollector
 
+    from scrapy_redisspine._clock import Clock
     from scrapy_redisspine._guard import RedisGuard
     from scrapy_redisspine._leasebook import Finished, LeaseBook
     from scrapy_redisspine._results import Throttled
@@ -45,9 +47,13 @@ class HostPolicy:
         stats: StatsCollector,
         *,
         ip_lanes: IpLanes | None = None,
+        clock: Clock | None = None,
     ) -> None:
         """``ip_lanes`` (with ``REDISSPINE_POLITENESS_KEY = "ip"``) maps hostnames to
-        their addresses without blocking; without it "ip" resolves as tools do."""
+        their addresses without blocking; without it "ip" resolves as tools do.
+        ``clock``: the outbox's (a response's arrival is compared with its ack's
+        send time); a :class:`CrawlClock` if none."""
+        self._clock: Clock = clock if clock is not None else CrawlClock()
         self.politeness_key = config.politeness_key
         by_address = config.politeness_key == "ip" and ip_lanes is not None
         self._ip_lanes = ip_lanes if by_address else None
@@ -114,6 +120,11 @@ class HostPolicy:
         """A Retry-After answer: the lane rests this long after the request's ack."""
         if self._book.block(request, int(seconds * 1000)):
             self._stats.inc_value("redisspine/politeness/retry_after")
+
+    def received(self, request: Request) -> None:
+        """A response came in: the fetch ended now, and its lane's rest counts from
+        here, not from the ack that follows the callback (scripts/enqueue.lua)."""
+        self._book.received(request, self._clock.seconds())
 
     def observe(self, request: Request, latency_seconds: float, status: int) -> None:
         """A response's download latency: its ack carries it to the lane's fleet-wide

@@ -32,6 +32,7 @@ class Finished:
     block_ms: int  # a Retry-After block (0: none)
     latency_ms: int = -1  # its download latency, for AutoThrottle (-1: no sample)
     status: int = 0  # its response's status (0: none)
+    received_at: float | None = None  # the worker's clock when its response came in
 
 
 class LeaseBook:
@@ -47,6 +48,7 @@ class LeaseBook:
         self._lanes: dict[str, str] = {}  # order key -> politeness lane
         self._blocks: dict[str, int] = {}  # order key -> Retry-After block (ms)
         self._samples: dict[str, tuple[int, int]] = {}  # order key -> latency ms, status
+        self._received: dict[str, float] = {}  # order key -> when its response came in
 
     @property
     def ready(self) -> int:
@@ -88,6 +90,16 @@ class LeaseBook:
         self._samples[handle[0]] = (latency_ms, status)
         return True
 
+    def received(self, request: Request, at: float) -> bool:
+        """The request's response came in at ``at`` (the worker's clock): its fetch
+        ended then, and its lane's rest counts from there; False if not ours. The
+        first response counts (a retry is a request of its own)."""
+        handle = self._handed_out.get(request)
+        if handle is None:
+            return False
+        self._received.setdefault(handle[0], at)
+        return True
+
     def finish(self, request: Request) -> Finished | None:
         """The engine is done with ``request``; None if this book never handed it out
         (e.g. robots.txt, fetched through ``engine.download()``)."""
@@ -97,7 +109,7 @@ class LeaseBook:
         key = handle[0]
         latency_ms, status = self._samples.pop(key, (-1, 0))
         return Finished(handle, self._lanes.pop(key, ""), self._blocks.pop(key, 0),
-                        latency_ms, status)
+                        latency_ms, status, self._received.pop(key, None))
 
     def known_keys(self) -> list[str]:
         """Order keys of every lease the book holds (ready or handed out)."""
@@ -113,6 +125,7 @@ class LeaseBook:
             self._lanes.pop(key, None)
             self._blocks.pop(key, None)
             self._samples.pop(key, None)
+            self._received.pop(key, None)
         return handles
 
     def take_all(self) -> list[LeaseHandle]:
@@ -123,4 +136,5 @@ class LeaseBook:
         self._lanes.clear()
         self._blocks.clear()
         self._samples.clear()
+        self._received.clear()
         return handles

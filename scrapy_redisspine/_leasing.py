@@ -83,6 +83,7 @@ class Leaser:
         self._idle_poll_seconds = idle_poll_seconds
         self._last_empty_lease = float("-inf")
         self._wake_call: DelayedCall | None = None
+        self._wake_due = float("inf")  # when the wake-up timer fires (this clock)
 
     # -- waking -------------------------------------------------------------------
 
@@ -97,11 +98,19 @@ class Leaser:
         self._last_empty_lease = float("-inf")
 
     def wake_when_due(self, wait_ms: int) -> None:
-        """Sleep exactly until the next lane is due rather than a whole poll period."""
+        """Sleep exactly until the next lane is due rather than a whole poll period.
+
+        A lane due sooner than the timer already set (an ack just rested it for less
+        than the wait of the lane the timer is for) moves the timer: one timer, at
+        the earliest due time this worker has heard of."""
         if wait_ms < 0 or wait_ms / 1000 >= self._idle_poll_seconds:
             return
+        due = self._clock.seconds() + wait_ms / 1000
         if self._wake_call is not None and self._wake_call.active():
-            return
+            if self._wake_due <= due:
+                return
+            self._wake_call.cancel()
+        self._wake_due = due
         self._wake_call = self._clock.callLater(wait_ms / 1000, self.wake)
 
     def close(self) -> None:

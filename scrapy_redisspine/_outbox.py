@@ -56,8 +56,9 @@ class _EveryMinute:
         self._last = now
         return True
 
-#: (order key, token, rest of its lane in ms, clock time when the request was done,
-#: its download latency in ms or -1, its response's status or 0: AutoThrottle's sample)
+#: (order key, token, rest of its lane in ms, clock time when its fetch ended (its
+#: response came in; without one, when the request was done), its download latency in
+#: ms or -1, its response's status or 0: AutoThrottle's sample)
 PendingAck = tuple[str, str, int, float, int, int]
 
 
@@ -185,11 +186,14 @@ class Outbox:
         self.flush_soon(within)
 
     def add_ack(self, handle: LeaseHandle, rest_ms: int, within: float,
-                items: Sequence[StreamItem] = (), sample: tuple[int, int] = (-1, 0)) -> None:
-        """Buffer the ack of a finished lease whose lane rests ``rest_ms`` from now,
-        with the items its callback produced and its AutoThrottle ``sample`` (latency
-        ms, status; -1: none)."""
-        self._acks.append((handle[0], handle[1], rest_ms, self._clock.seconds(), *sample))
+                items: Sequence[StreamItem] = (), sample: tuple[int, int] = (-1, 0),
+                *, ended: float | None = None) -> None:
+        """Buffer the ack of a finished lease whose lane rests ``rest_ms`` from the
+        end of its fetch (``ended``, this clock's time its response came in; None:
+        now), with the items its callback produced and its AutoThrottle ``sample``
+        (latency ms, status; -1: none)."""
+        at = self._clock.seconds() if ended is None else ended
+        self._acks.append((handle[0], handle[1], rest_ms, at, *sample))
         self._ack_items.append(tuple(items))
         self._items_waiting += len(items)
         self.flush_soon(within)
@@ -389,11 +393,12 @@ class Outbox:
 
 
 def ack_args(acks: Sequence[PendingAck], now: float) -> list[Ack]:
-    """Acks as sent: a lane's rest counts from the end of its fetch, so the time an
-    ack waited in the buffer comes off it (less 1 ms, what Redis's ms clock may
-    lose to rounding: a rest is never cut short)."""
+    """Acks as sent: a lane's rest counts from the end of its fetch, so each ack
+    tells how long ago that was (the callback, the item pipeline and the wait in the
+    buffer; less 1 ms, what Redis's ms clock may lose to rounding: a rest is never
+    cut short). enqueue.lua credits it against the lane's rest, AutoThrottle's
+    delay included, up to that rest."""
     return [
-        (key, token, rest_ms - min(rest_ms, max(0, int((now - done) * 1000) - 1)),
-         latency_ms, status)
-        for key, token, rest_ms, done, latency_ms, status in acks
+        (key, token, rest_ms, latency_ms, status, max(0, int((now - ended) * 1000) - 1))
+        for key, token, rest_ms, ended, latency_ms, status in acks
     ]

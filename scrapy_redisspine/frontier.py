@@ -115,8 +115,11 @@ class StreamItem:
 LeaseHandle = tuple[str, str]
 #: (order key, fencing token, rest of its lane in ms): what an ack presents; with
 #: AutoThrottle also the request's download latency (ms, -1: none) and its response's
-#: status (0: none), the sample that moves its lane's delay (lib/throttle.lua).
-Ack = tuple[str, str, int] | tuple[str, str, int, int, int]
+#: status (0: none), the sample that moves its lane's delay (lib/throttle.lua); and
+#: how long ago (ms) its fetch ended: the lane's rest counts from then, not from the
+#: ack (enqueue.lua; 0 when absent).
+Ack = (tuple[str, str, int] | tuple[str, str, int, int, int]
+       | tuple[str, str, int, int, int, int])
 
 
 #: How soon a lease looks again at a lane whose slots other crawls of the politeness
@@ -277,7 +280,8 @@ class Frontier:
         for i, ack in enumerate(acks):
             args += [ack[0], ack[1], ack[2] if len(ack) > 2 else 0,  # type: ignore[misc]
                      len(items[i]) if items else 0,
-                     ack[3] if len(ack) > 3 else -1, ack[4] if len(ack) > 4 else 0]  # type: ignore[misc]
+                     ack[3] if len(ack) > 3 else -1, ack[4] if len(ack) > 4 else 0,  # type: ignore[misc]
+                     ack[5] if len(ack) > 5 else 0]  # type: ignore[misc]
         for item in (*loose, *(item for its in items for item in its)):
             args += [item.class_path, item.url, item.payload]
         for request in requests:

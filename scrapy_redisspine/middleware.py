@@ -5,6 +5,9 @@
   the block travels with the ack of the request that got the answer.
 - A robots.txt ``Crawl-delay`` (Scrapy's ``robots_parsed`` signal, Scrapy 2.14 and
   later, with ``ROBOTSTXT_OBEY``) is learned once per host and shared through Redis.
+- The time a response came in travels with its request's ack: the lane's rest counts
+  from the end of the fetch, not from the ack after the callback and the item
+  pipeline (``scripts/enqueue.lua``).
 - With ``AUTOTHROTTLE_ENABLED``, a response's download latency (Scrapy's
   ``download_latency`` meta) and status travel with its request's ack, which moves its
   lane's delay fleet-wide (Scrapy's AutoThrottle rule, ``scripts/lib/throttle.lua``);
@@ -88,6 +91,8 @@ class Politeness:
     def process_response(
         self, request: Request, response: Response, *args: Any, **kwargs: Any
     ) -> Response:  # Scrapy < 2.14 also passes spider=
+        if self.worker is not None:
+            self.worker.hosts.received(request)
         if self.config.autothrottle is not None and self.worker is not None:
             latency = request.meta.get("download_latency")
             if isinstance(latency, int | float) and (

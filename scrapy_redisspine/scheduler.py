@@ -190,6 +190,7 @@ class Scheduler(BaseScheduler):
         self.hosts = HostPolicy(
             config, self.frontier, self.guard, self.book, stats,
             ip_lanes=scrapy_ip_lanes(stats) if config.politeness_key == "ip" else None,
+            clock=clock,
         )
         self.outbox = Outbox(
             self.frontier, self.guard, stats, clock,
@@ -391,7 +392,7 @@ class Scheduler(BaseScheduler):
         self.outbox.add_ack(
             finished.handle, self.hosts.rest_ms(finished), self.config.ack_flush_seconds,
             self.items.take(request) if self.items is not None else (),
-            sample=(finished.latency_ms, finished.status),
+            sample=(finished.latency_ms, finished.status), ended=finished.received_at,
         )
 
     def _dropped(self, request: Request) -> None:

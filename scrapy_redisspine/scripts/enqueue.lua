@@ -40,10 +40,12 @@ ARGV[10] throttle_target    AUTOTHROTTLE_TARGET_CONCURRENCY (0: AutoThrottle off
 ARGV[11] throttle_start_ms  AUTOTHROTTLE_START_DELAY (ms)
 ARGV[12] throttle_min_ms    DOWNLOAD_DELAY (ms): the adapted delay never goes below it
 ARGV[13] throttle_max_ms    AUTOTHROTTLE_MAX_DELAY (ms)
-ARGV[14 .. 13+6*n_acks]    groups of 6: order key, lease token, rest (ms) of its lane,
+ARGV[14 .. 13+7*n_acks]    groups of 7: order key, lease token, rest (ms) of its lane,
            n_items (how many of the items that follow are this request's), the
            request's download latency (ms; -1: no sample, e.g. no response or
-           autothrottle_dont_adjust_delay) and its response's status (0: none)
+           autothrottle_dont_adjust_delay), its response's status (0: none) and
+           elapsed: how long ago (ms, the worker's monotonic clock) its fetch ended
+           (0: count the rest from now; see "The rest" below)
 then the items, groups of 3: class, url, payload: the n_loose loose ones first, then
            each ack's n_items, in the order of the acks
 then the requests, groups of 5: flags, fingerprint, lane, priority key, payload
@@ -61,6 +63,16 @@ items_cap entries, or when its bytes would take the estimated size past items_by
 (bytes written so far, scaled by the share of entries still in the stream: a
 consumer that trims what it processed makes room). A shed item never refuses its
 ack: the crawl goes on.
+
+The rest. A lane rests from the end of its fetch, not from the ack: the worker
+received the response (its clock starts there) after the site sent it, and the
+ack's flight to Redis is not credited, so starting the rest at now - elapsed keeps
+every real end -> start gap >= the rest, while the callback, the item pipeline and
+the wait for the next lease no longer add to each interval. The credit is capped at
+the lane's rest (its delay, its Retry-After block, or its AutoThrottle delay): a
+stale ack (after an outage, or reconciled late) makes the lane due now, never
+earlier. An elapsed that is no number >= 0 is taken as 0 and recorded as a repair
+(lib/numbers.lua: the worker logs and counts it).
 
 AutoThrottle (lib/throttle.lua): with throttle_target > 0, each applied ack's latency
 moves its lane's delay in lane_throttle (the politeness group's: every crawl's
@@ -105,7 +117,7 @@ local n_acks, concurrency, backlog_cap = tonumber(ARGV[4]), tonumber(ARGV[5]), t
 local items_cap, items_bytes, n_loose = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
 throttle_init(lane_throttle, tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12]),
               tonumber(ARGV[13]))
-local FIRST_ACK, ACK_SIZE = 14, 6
+local FIRST_ACK, ACK_SIZE = 14, 7
 local first_item = FIRST_ACK + ACK_SIZE * n_acks
 local n_items = n_loose
 for i = FIRST_ACK + 3, first_item - 1, ACK_SIZE do
@@ -153,6 +165,7 @@ if n_acks > 0 then
     local entries = hmget_in_chunks(inflight, ack_keys)
     local done_keys, done_owned = {}, {}
     local lanes_done, released, freed, rests, samples = {}, {}, {}, {}, {}
+    local credits = {} -- lane -> the smallest elapsed (ms) of its acks here
     local item_at = first_item + 3 * n_loose -- the first item of the current ack
     for j, key in ipairs(ack_keys) do
         local base = FIRST_ACK + ACK_SIZE * (j - 1)
@@ -171,7 +184,14 @@ if n_acks > 0 then
                     freed[lane], rests[lane] = 0, 0
                 end
                 freed[lane] = freed[lane] - 1
-                rests[lane] = math.max(rests[lane], tonumber(ARGV[base + 2]))
+                local rest = tonumber(ARGV[base + 2])
+                local elapsed = tonumber(ARGV[base + 6])
+                if not (elapsed and elapsed >= 0 and elapsed < math.huge) then
+                    numbers_note("ack", key, ARGV[base + 6], "0 (elapsed)")
+                    elapsed = 0
+                end
+                rests[lane] = math.max(rests[lane], rest - math.min(elapsed, rest))
+                credits[lane] = math.min(credits[lane] or elapsed, elapsed)
                 local latency = tonumber(ARGV[base + 4])
                 if throttle_on() and latency and latency >= 0 then
                     samples[lane] = samples[lane] or {}
@@ -193,7 +213,7 @@ if n_acks > 0 then
         if any_requeues then
             call_in_chunks("HDEL", requeues, done_keys)
         end
-        throttled = throttle_write(lanes_done, delays_before, samples, rests)
+        throttled = throttle_write(lanes_done, delays_before, samples, rests, credits)
         lanes_write(lanes_done, lanes_before, freed, nil, rests, false)
     end
 end

@@ -7,6 +7,7 @@ below D, whichever workers made them.
 
 from __future__ import annotations
 
+import statistics
 from collections import defaultdict
 from itertools import pairwise
 from typing import TYPE_CHECKING
@@ -23,7 +24,8 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.e2e
 
 # Clocks: the site stamps with time.time(), the lane's rest starts at Redis TIME
-# when the ack arrives (after the response ended), both on this machine.
+# when the ack arrives less the time since the worker received the response (after
+# the site ended it), both on this machine.
 CLOCK_SLACK = 0.005
 
 
@@ -59,6 +61,28 @@ def test_three_workers_keep_every_hosts_delay_with_no_overlap(
         assert min(gaps) >= delay - CLOCK_SLACK, f"{host}: gap {min(gaps):.3f} s < {delay} s"
     # All three workers really took part, so the gaps held across processes.
     assert all(r.stats.get("downloader/request_count", 0) > 0 for r in results)
+
+
+def test_a_slow_callback_does_not_lengthen_the_interval(
+    fleet: Fleet, site_factory: SiteFactory
+) -> None:
+    # The lane's rest counts from the response's arrival, not from the ack after the
+    # callback: a callback that takes 0.25 s (more than half the delay) leaves each
+    # end -> start gap near the delay, and never below it.
+    delay, slow = 0.4, 0.25
+    site = site_factory(hosts=2, pages_per_host=8, fanout=3, latency=0.02)
+    results = fleet.run(3, fleet.crawling(
+        site, DOWNLOAD_DELAY=delay, DOWNLOAD_DELAY_JITTER=0, RANDOMIZE_DOWNLOAD_DELAY=False,
+        LINKS_PARSE_SLEEP_SECONDS=slow,
+    ))
+    assert_finished(results)
+    assert_all_fetched(site)
+    gaps = [later[0] - earlier[1] for times in _by_host(site).values()
+            for earlier, later in pairwise(times)]
+    assert min(gaps) >= delay - CLOCK_SLACK, f"gap {min(gaps):.3f} s < {delay} s"
+    # Counted from the ack, each gap would be >= delay + slow (0.65 s).
+    typical = statistics.median(gaps)
+    assert typical < delay + 0.1, f"median gap {typical:.3f} s: the callback's time was added"
 
 
 def test_host_concurrency_two_is_never_exceeded_fleet_wide(

@@ -123,3 +123,26 @@ def test_status_shows_a_busy_lanes_autothrottle_delay(client: redis.Redis) -> No
     (row,) = read_status(client, KEYS)["hosts"]
     assert (row["lane"], row["busy"], row["backlog"]) == (LANE, 1, 0)
     assert row["autothrottle_delay_seconds"] == pytest.approx(delay / 1000)
+
+
+def test_the_delay_rests_the_lane_from_the_end_of_the_fetch(client: redis.Redis) -> None:
+    # The ack's elapsed (ms since the fetch ended) comes off the AutoThrottle delay
+    # too, up to the delay: a stale ack makes the lane due now, never earlier.
+    frontier = _frontier(client)
+    for elapsed, credited in ((1500, 1500), (600_000, None)):
+        payload = f"credit-{elapsed}".encode()
+        frontier.enqueue([NewRequest(payload, hashlib.sha1(payload).digest(), lane=LANE)])
+        frontier.client.hdel(frontier.keys.host_next, LANE)
+        frontier.client.zadd(frontier.keys.hosts, {LANE: 0}, xx=True)
+        (lease,) = frontier.lease(10).leases
+        seconds, micros = client.time()
+        before = seconds * 1000 + micros // 1000
+        delay = float(client.hget(KEYS.lane_throttle, LANE) or RULE.start_delay * 1000)
+        result = frontier.enqueue((), [(lease.key, lease.token, 0, -1, 0, elapsed)])
+        assert result.acked == 1
+        rest_until = client.hget(KEYS.host_next, LANE)
+        if credited is None:
+            assert rest_until is None, "credited up to the delay: due at once"
+        else:
+            assert float(rest_until or 0) >= before + delay - credited - 1
+            assert float(rest_until or 0) <= before + delay - credited + 1000

@@ -347,6 +347,82 @@ class TestRest:
         assert batch.wait_ms == 0
 
 
+class TestRestFromTheEndOfTheFetch:
+    """An ack tells how long ago its fetch ended (ms): the rest starts then, credited
+    up to the rest itself, and a value that is no elapsed time counts as 0."""
+
+    def _acked(
+        self, make_frontier: FrontierFactory, client: redis.Redis, rest_ms: int, elapsed: Any
+    ) -> tuple[int, int, Any]:
+        """Ack a lease of a.example with this rest and elapsed; (server ms before,
+        after, the enqueue result)."""
+        frontier = make_frontier()
+        frontier.enqueue(_lane_requests("a.example", 2))
+        (lease,) = frontier.lease(10).leases
+        before = _server_ms(client)
+        result = frontier.enqueue((), [(lease.key, lease.token, rest_ms, -1, 0, elapsed)])
+        after = _server_ms(client)
+        assert result.acked == 1
+        return before, after, result
+
+    def test_the_rest_starts_when_the_fetch_ended(
+        self, make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        before, after, result = self._acked(make_frontier, client, REST_MS, 20_000)
+        next_at = int(client.hget(crawl_keys.host_next, "a.example"))
+        assert before + REST_MS - 20_000 <= next_at <= after + REST_MS - 20_000
+        assert client.zscore(crawl_keys.hosts, "a.example") == next_at
+        assert result.repairs == ()
+
+    def test_the_credit_is_capped_at_the_rest(
+        self, make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        # A stale ack (sent long after its fetch: an outage) makes the lane due now,
+        # never in the past, where it would jump the lanes freed before it.
+        before, after, _ = self._acked(make_frontier, client, 1_000, 3_600_000)
+        assert not client.hexists(crawl_keys.host_next, "a.example")
+        due = client.zscore(crawl_keys.hosts, "a.example")
+        assert due is not None
+        assert before <= due <= after
+
+    def test_a_credit_never_cuts_an_earlier_longer_rest(
+        self, make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        frontier, held = _resting_lane_with_a_lease_left(make_frontier)
+        blocked_until = int(client.hget(crawl_keys.host_next, "a.example"))
+        assert frontier.enqueue((), [(held.key, held.token, 500, -1, 0, 400)]).acked == 1
+        assert int(client.hget(crawl_keys.host_next, "a.example")) == blocked_until
+        assert frontier.lease(10).leases == []
+
+    @pytest.mark.parametrize("garbage", ["-5", "x", "nan", "inf", ""])
+    def test_garbage_counts_as_no_credit_and_is_recorded(
+        self, make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys,
+        garbage: str,
+    ) -> None:
+        before, after, result = self._acked(make_frontier, client, REST_MS, garbage)
+        next_at = int(client.hget(crawl_keys.host_next, "a.example"))
+        assert before + REST_MS <= next_at <= after + REST_MS, "the whole rest, from now"
+        (repair,) = result.repairs
+        assert repair.startswith("ack ")
+        assert repair.endswith("-> 0 (elapsed)")
+
+    def test_the_worker_logs_and_counts_a_garbage_credit(
+        self, make_frontier: FrontierFactory, client: redis.Redis,
+        caplog: pytest.LogCaptureFixture,
+    ) -> None:
+        from scrapy.statscollectors import MemoryStatsCollector
+
+        from scrapy_redisspine._guard import RedisGuard
+
+        _, _, result = self._acked(make_frontier, client, 500, "-1")
+        stats = MemoryStatsCollector(get_crawler(Spider))
+        guard = RedisGuard(stats, time.monotonic)
+        with caplog.at_level("WARNING", logger="scrapy_redisspine"):
+            guard.repaired("enqueue", result.repairs)
+        assert stats.get_value("redisspine/repaired") == 1
+        assert [r.getMessage() for r in caplog.records if "(elapsed)" in r.getMessage()]
+
+
 class TestRoundRobin:
     def test_a_huge_lane_does_not_starve_small_ones(
         self, make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys
@@ -842,6 +918,10 @@ class StubHosts:
     def __init__(self) -> None:
         self.blocks: list[tuple[Request, float]] = []
         self.learned: list[tuple[str, float]] = []
+        self.arrivals: list[Request] = []
+
+    def received(self, request: Request) -> None:
+        self.arrivals.append(request)
 
     def block_host(self, request: Request, seconds: float) -> None:
         self.blocks.append((request, seconds))
@@ -905,6 +985,7 @@ class TestPolitenessMiddleware:
         response = _response(request, status, **headers)
         assert middleware.process_response(request, response, Spider("s")) is response
         assert hosts.blocks == []
+        assert hosts.arrivals == [request], "every response's arrival is noted (its rest)"
 
     def test_before_the_worker_opened_nothing_happens(self) -> None:
         middleware = Politeness(load_config({}))
@@ -1147,11 +1228,18 @@ class TestWakeWhenDue:
         scheduler.leaser.wake_when_due(200)
         (call,) = self._wake_calls(scheduler, clock)
         assert call.getTime() == pytest.approx(clock.seconds() + 0.2)
-        scheduler.leaser.wake_when_due(10)
+        scheduler.leaser.wake_when_due(300)
         assert self._wake_calls(scheduler, clock) == [call], "one pending wake-up is enough"
+        # A lane due sooner (an ack just rested it for less) moves the one timer: it
+        # is not served late, waiting for the lane the timer was set for.
+        scheduler.leaser.wake_when_due(10)
+        (sooner,) = self._wake_calls(scheduler, clock)
+        assert sooner.getTime() == pytest.approx(clock.seconds() + 0.01)
         wakes = engine_of(scheduler).wakes
-        clock.advance(0.2)
+        clock.advance(0.01)
         assert engine_of(scheduler).wakes == wakes + 1
+        clock.advance(0.3)
+        assert engine_of(scheduler).wakes == wakes + 1, "the 200 ms timer was moved, not kept"
 
     def test_wake_resets_the_empty_lease_back_off(
         self, scheduler: Scheduler, monkeypatch: pytest.MonkeyPatch

@@ -649,14 +649,18 @@ def test_buffered_ack_rest_counts_from_the_end_of_the_fetch() -> None:
     # Private: the outbox's arithmetic at a fixed `now` (a scheduler would use Redis's clock).
     from scrapy_redisspine._outbox import ack_args
 
+    # Each ack tells how long ago its fetch ended (less 1 ms: rounding); the script
+    # credits that against the rest, up to the rest (test_politeness.py).
     sent = ack_args([
-        ("k1", "t", 1000, 99.75, -1, 0),  # waited 250 ms: 750 ms of rest left (+1: rounding)
-        ("k2", "t", 1000, 95.0, -1, 0),  # waited longer than its rest
+        ("k1", "t", 1000, 99.75, -1, 0),  # fetch ended 250 ms ago
+        ("k2", "t", 1000, 95.0, -1, 0),  # longer ago than its rest: the script caps it
         ("k3", "t", 500, 100.0, 120, 200),  # sent at once, with an AutoThrottle sample
         ("k4", "t", 0, 99.0, -1, 0),
+        ("k5", "t", 500, 100.5, -1, 0),  # a time after now (no clock goes back): 0
     ], now=100.0)
-    assert sent == [("k1", "t", 751, -1, 0), ("k2", "t", 0, -1, 0), ("k3", "t", 500, 120, 200),
-                    ("k4", "t", 0, -1, 0)]
+    assert sent == [("k1", "t", 1000, -1, 0, 249), ("k2", "t", 1000, -1, 0, 4999),
+                    ("k3", "t", 500, 120, 200, 0), ("k4", "t", 0, -1, 0, 999),
+                    ("k5", "t", 500, -1, 0, 0)]
 
 
 def test_acks_survive_a_script_flush(
@@ -785,3 +789,4 @@ def test_requests_redis_did_not_queue_are_reported_dropped(
         assert scheduler.enqueue_request(request), "decided in Redis, after the call"
     assert scheduler.outbox.try_flush()
     assert dropped == [duplicate, capped]
+

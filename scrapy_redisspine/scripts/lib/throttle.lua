@@ -15,12 +15,13 @@ throttle_init(lane_throttle, target, start_ms, min_ms, max_ms)
 throttle_on() -> whether AutoThrottle is on
 throttle_read(lanes) -> the lanes' stored delays (one HMGET): read before the
   script's first write
-throttle_write(lanes, stored, samples, rests) -> adjusted: for each lane (in order)
-  its delay moves through its samples (samples[lane]: a list of { latency_ms, status },
-  in ack order) by Scrapy's rule: target = latency / target concurrency, new =
+throttle_write(lanes, stored, samples, rests, credits) -> adjusted: for each lane (in
+  order) its delay moves through its samples (samples[lane]: a list of { latency_ms,
+  status }, in ack order) by Scrapy's rule: target = latency / target concurrency, new =
   max(target, (old + target) / 2), bounded by min_ms and max_ms; a non-200 response
   never lowers it. rests[lane] becomes at least the lane's delay, sample or not (the
-  delay rests the lane as DOWNLOAD_DELAY does). Changed delays are written (one
+  delay rests the lane as DOWNLOAD_DELAY does), less credits[lane] (ms since the
+  lane's fetch ended, enqueue.lua; nil: 0), credited up to the delay. Changed delays are written (one
   HSET). adjusted: flat { lane, old ms, new ms, latency ms, status } per sample, for
   AUTOTHROTTLE_DEBUG's log lines.
 
@@ -61,7 +62,7 @@ local function throttle_step(old, latency_ms, status)
     return new
 end
 
-local function throttle_write(lanes, stored, samples, rests)
+local function throttle_write(lanes, stored, samples, rests, credits)
     local adjusted, changed = {}, {}
     if not throttle_on() then
         return adjusted
@@ -88,7 +89,9 @@ local function throttle_write(lanes, stored, samples, rests)
             changed[#changed + 1] = lane
             changed[#changed + 1] = string.format("%.3f", delay)
         end
-        rests[lane] = math.max(rests[lane] or 0, math.floor(delay + 0.5))
+        local rest = math.floor(delay + 0.5)
+        local credit = credits and credits[lane] or 0
+        rests[lane] = math.max(rests[lane] or 0, rest - math.min(credit, rest))
     end
     call_in_chunks("HSET", throttle_key, changed)
     return adjusted

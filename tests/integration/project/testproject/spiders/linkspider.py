@@ -55,7 +55,18 @@ class LinkSpider(scrapy.Spider):
     def failed(self, failure: Any) -> None:
         self.logger.info("request failed: %s", failure.request)
 
-    def parse(self, response: Response, **kwargs: Any) -> Iterator[Any]:
+    def parse(self, response: Response, **kwargs: Any) -> Iterator[Any] | AsyncIterator[Any]:
+        slow = self.settings.getfloat("LINKS_PARSE_SLEEP_SECONDS")
+        if slow:  # a slow callback (it waits on something): the worker's loop runs on
+            return self._parse_slowly(response, slow)
+        return self._parse(response)
+
+    async def _parse_slowly(self, response: Response, seconds: float) -> AsyncIterator[Any]:
+        await asyncio.sleep(seconds)
+        for output in self._parse(response):
+            yield output
+
+    def _parse(self, response: Response) -> Iterator[Any]:
         yield {"url": response.url}
         kill_page = self.settings.get("LINKS_KILL_PAGE")
         if kill_page and response.url.endswith(kill_page):
