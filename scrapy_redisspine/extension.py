@@ -307,6 +307,7 @@ class FleetLog:
         self.stats = stats
         self.interval = interval
         self.worker: signals.WorkerView | None = None
+        self._reading = False  # a read on its way (a slow Redis): the next tick skips
         self._timer = Periodic("fleet log", self.log, interval, clock or CrawlClock(), stats)
 
     @classmethod
@@ -328,14 +329,24 @@ class FleetLog:
 
     def log(self) -> None:
         worker = self.worker
-        if worker is None or worker.guard.crawl_gone or not worker.guard.available():
+        if (worker is None or worker.guard.crawl_gone or self._reading
+                or not worker.guard.available()):
             return
-        try:
-            queued, inflight = worker.upkeep.counts()
-            alive = worker.upkeep.workers_alive(self.config.worker_timeout_ms)
-        except CALL_ERRORS as exc:
+        upkeep, timeout_ms = worker.upkeep, self.config.worker_timeout_ms
+
+        def failed(exc: Exception) -> None:
+            self._reading = False
+            if not isinstance(exc, CALL_ERRORS):
+                raise exc
             worker.guard.failed("fleet_log", exc)
-            return
+
+        self._reading = True
+        (worker.io or InlineIO(self.stats)).submit(
+            "fleet log", lambda: (*upkeep.counts(), upkeep.workers_alive(timeout_ms)),
+            lambda reply: self._said(*reply), failed)
+
+    def _said(self, queued: int, inflight: int, alive: int) -> None:
+        self._reading = False
         logger.info(
             "redisspine fleet: %d queued, %d in flight, %d worker(s); this worker: "
             "%d page(s), %d item(s)", queued, inflight, alive,
