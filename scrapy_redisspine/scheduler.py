@@ -167,7 +167,7 @@ class Scheduler(BaseScheduler):
             self.guard.failed("lane_limits", exc)
         try:
             if isinstance(self.df, RedisDupeFilter):
-                self.df.bind(self.frontier)
+                self.df.bind(self.frontier, self.io)
             self.df.open()
         except (CorruptKeyError, DedupConfigError) as exc:
             self._refuse_after_join(REASON_CORRUPT if isinstance(exc, CorruptKeyError)
