@@ -166,8 +166,12 @@ class ThreadIO:
         self, name: str, call: Callable[[], T], done: Callable[[T], object],
         failed: Callable[[Exception], object],
     ) -> None:
-        if self._closed:
-            failed(RuntimeError("the worker's Redis thread is closed"))
+        if self._closed:  # a timer's last tick after the scheduler closed: at once
+            try:
+                outcome: tuple[bool, Any] = (True, call())
+            except Exception as exc:
+                outcome = (False, exc)
+            _deliver(name, self._stats, outcome, done, failed)
             return
         self._pending += 1
         self._calls.put((name, call, done, failed))

@@ -54,6 +54,7 @@ class FleetTotals:
         self.worker: signals.WorkerView | None = None
         self._pusher: StatsPusher | None = None
         self._pushing = False  # a push on its way (a slow Redis): the next tick skips
+        self._skips: list[str] = []  # fields a push skipped, to count on the loop
         self._timer = Periodic("fleet totals", self.push, interval, clock or CrawlClock(),
                                stats)
 
@@ -72,7 +73,7 @@ class FleetTotals:
         self.worker = worker
         self._pusher = StatsPusher(
             worker.upkeep.client, worker.upkeep.keys,
-            on_skip=lambda _: self.stats.inc_value("redisspine/fleet_stats/skipped"),
+            on_skip=self._skips.append,  # (io's thread: counted back on the loop)
             epoch=worker.upkeep.epoch, worker_id=worker.worker_id,
         )
         self._timer.start()
@@ -103,6 +104,9 @@ class FleetTotals:
 
         def pushed(_: object) -> None:
             self._pushing = False
+            while self._skips:
+                self._skips.pop()
+                self.stats.inc_value("redisspine/fleet_stats/skipped")
             worker.guard.succeeded("fleet_stats")
 
         def failed(exc: Exception) -> None:
