@@ -6,7 +6,8 @@ run on a fresh test site and a fresh throwaway redis-server, and prints the medi
     .venv/bin/python benchmarks/crawl_compare.py
 
 Configurations (``--modes``): ``scrapy`` (plain Scrapy, one process), ``spine1``,
-``spine2``, ``spine4`` (K ``scrapy crawl`` workers with this plugin), ``redis1``
+``spine2``, ``spine4`` (K ``scrapy crawl`` workers with this plugin; ``spine2sync``
+the same with ``REDISSPINE_REDIS_THREAD = False``), ``redis1``
 (scrapy-redis, one process). scrapy-redis runs from a separate virtualenv,
 ``benchmarks/.venv-bench`` (git-ignored), which is created on first use with::
 
@@ -124,6 +125,8 @@ def mode_settings(mode: str, redis_url: str, site: TestSite, run_id: str) -> dic
             "REDISSPINE_CRAWL_ID": f"bench-{run_id}",
             "REDISSPINE_HOST_CONCURRENCY": PER_HOST,
         })
+        if mode.endswith("sync"):  # e.g. spine2sync: every Redis call on the crawl's loop
+            settings["REDISSPINE_REDIS_THREAD"] = False
     elif mode.startswith("redis"):
         settings.update({
             "ADDONS": {},

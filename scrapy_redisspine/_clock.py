@@ -69,6 +69,17 @@ class CrawlClock:
             return twisted.callLater(delay, callable, *args, **kw)  # type: ignore[no-any-return]
         return _AsyncioCall(_running_loop(), delay, functools.partial(callable, *args, **kw))
 
+    def thread_caller(self) -> Callable[[Callable[[], object]], object]:
+        """A function that any thread may call to run a function soon on the crawl's
+        loop (Twisted's ``callFromThread``, asyncio's ``call_soon_threadsafe``).
+        Asked on the loop's thread: asyncio's loop is the one running there."""
+        if "twisted.internet.reactor" in sys.modules:
+            from twisted.internet import reactor
+
+            twisted: Any = reactor
+            return twisted.callFromThread  # type: ignore[no-any-return]
+        return _running_loop().call_soon_threadsafe
+
 
 def _running_loop() -> asyncio.AbstractEventLoop:
     try:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from scrapy_redisspine._clock import Periodic
 from scrapy_redisspine._guard import CALL_ERRORS
+from scrapy_redisspine._redis_io import InlineIO
 from scrapy_redisspine.control import Orders, read_orders
 from scrapy_redisspine.frontier import Heartbeat
 
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from scrapy_redisspine._engine import EnginePort
     from scrapy_redisspine._guard import RedisGuard
     from scrapy_redisspine._leasebook import LeaseBook
+    from scrapy_redisspine._redis_io import RedisIO
     from scrapy_redisspine.frontier import Frontier
 
 logger = logging.getLogger("scrapy_redisspine.scheduler")
@@ -59,6 +61,7 @@ class FleetMember:
         crawl_gone: Callable[[Heartbeat], None],
         idle_close_ms: int = 0,
         wait_for_first_request: bool = True,
+        io: RedisIO | None = None,
     ) -> None:
         """``wake()`` asks for a lease soon; ``flush()`` sends what the worker holds
         for Redis (False: it could not), before a count; ``crawl_gone(heartbeat)``
@@ -66,8 +69,11 @@ class FleetMember:
         ``idle_close_ms`` (REDISSPINE_IDLE_CLOSE_SECONDS, with keep-alive): an idle
         worker counts at each heartbeat, so the fleet's idle time is measured.
         ``wait_for_first_request`` (REDISSPINE_WAIT_FOR_FIRST_REQUEST): False lets a
-        crawl that never had a request close like Scrapy's, once nobody is starting."""
+        crawl that never had a request close like Scrapy's, once nobody is starting.
+        ``io`` runs the heartbeat's calls (off the crawl's loop with a thread)."""
         self._frontier = frontier
+        self._io: RedisIO = io or InlineIO(stats)
+        self._beating = False  # a heartbeat on its way: the next tick skips
         self._guard = guard
         self._book = book
         self._flush = flush
@@ -171,14 +177,33 @@ class FleetMember:
     # -- heartbeat, orders, fencing -------------------------------------------------------
 
     def heartbeat(self) -> None:
-        if self.gone or not self._guard.available("heartbeat"):
+        """Beat and read the fleet's orders in one call through ``io``; the reply is
+        handled on the crawl's loop. A beat still on its way (a slow Redis) is not
+        joined by a second one."""
+        if self.gone or self._beating or not self._guard.available("heartbeat"):
             return
-        try:
-            starting = self._starting()
-            beat = self._frontier.heartbeat(starting)
-        except CALL_ERRORS as exc:
+        starting = self._starting()
+        frontier = self._frontier
+
+        def call() -> tuple[Heartbeat, Orders | Exception]:
+            beat = frontier.heartbeat(starting)
+            try:
+                orders: Orders | Exception = read_orders(frontier.client, frontier.keys)
+            except CALL_ERRORS as exc:
+                orders = exc
+            return beat, orders
+
+        def failed(exc: Exception) -> None:
+            self._beating = False
+            if not isinstance(exc, CALL_ERRORS):
+                raise exc
             self._guard.failed("heartbeat", exc)
-            return
+
+        self._beating = True
+        self._io.submit("heartbeat", call, lambda reply: self._beaten(starting, *reply), failed)
+
+    def _beaten(self, starting: bool, beat: Heartbeat, orders: Orders | Exception) -> None:
+        self._beating = False
         self._guard.succeeded("heartbeat")
         if beat.crawl_gone:
             self._gone(beat)
@@ -201,14 +226,12 @@ class FleetMember:
             self.refresh_counts()
             if self.gone:
                 return
-        self._follow_orders()
-
-    def _follow_orders(self) -> None:
-        try:
-            orders = read_orders(self._frontier.client, self._frontier.keys)
-        except CALL_ERRORS as exc:
-            self._guard.failed("control", exc)
+        if isinstance(orders, Exception):
+            self._guard.failed("control", orders)
             return
+        self._follow_orders(orders)
+
+    def _follow_orders(self, orders: Orders) -> None:
         if self.orders.close_reason and not orders.close_reason:
             orders = replace(orders, close_reason=self.orders.close_reason)  # final
         if orders != self.orders:
@@ -250,8 +273,13 @@ class FleetMember:
         # fenced, so the ones the sweep already requeued are refused).
         handles = self._book.drop_ready()
         if handles:
-            try:
-                released = self._frontier.release(handles)
-                self._guard.repaired("release", released.repairs)
-            except CALL_ERRORS as exc:
-                self._guard.failed("release", exc)
+            frontier, guard = self._frontier, self._guard
+
+            def failed(exc: Exception) -> None:
+                if not isinstance(exc, CALL_ERRORS):
+                    raise exc
+                guard.failed("release", exc)
+
+            self._io.submit("release", lambda: frontier.release(handles),
+                            lambda released: guard.repaired("release", released.repairs),
+                            failed)

@@ -8,6 +8,12 @@ before the next lease.
 
 An empty lease backs off until the idle poll; a lane due sooner than that wakes the
 engine exactly when it is due.
+
+The round trip runs through the worker's :class:`~scrapy_redisspine._redis_io.RedisIO`:
+with its own thread (``REDISSPINE_REDIS_THREAD``) the lease is asked for and its reply
+fills the ready list later, waking the engine; one lease is on its way at a time, and
+the next is asked for as the last ready request is handed out, so the downloader does
+not wait for the round trip while work is queued.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import redis
 
 from scrapy_redisspine._guard import CALL_ERRORS
 from scrapy_redisspine._local import marker_reason
+from scrapy_redisspine._redis_io import InlineIO
 from scrapy_redisspine.request_codec import RequestDecodeError
 
 if TYPE_CHECKING:
@@ -31,8 +38,9 @@ if TYPE_CHECKING:
     from scrapy_redisspine._guard import RedisGuard
     from scrapy_redisspine._leasebook import LeaseBook
     from scrapy_redisspine._local import LocalQueue
-    from scrapy_redisspine._outbox import Outbox
-    from scrapy_redisspine.frontier import Frontier, Lease, LeaseBatch
+    from scrapy_redisspine._outbox import Outbox, Sending
+    from scrapy_redisspine._redis_io import RedisIO
+    from scrapy_redisspine.frontier import Count, EnqueueResult, Frontier, Lease, LeaseBatch
     from scrapy_redisspine.request_codec import RequestCodec
 
 logger = logging.getLogger("scrapy_redisspine.scheduler")
@@ -63,6 +71,7 @@ class Leaser:
         counted: Callable[[int, int], None],
         crawl_delay_learned: Callable[[str, float | None], None],
         close_ordered: Callable[[str], None] = lambda reason: None,
+        io: RedisIO | None = None,
     ) -> None:
         """``counted(queued, inflight)`` receives the fleet's counts of each lease
         reply; ``crawl_delay_learned(lane, seconds)`` each lease's Crawl-delay;
@@ -84,6 +93,8 @@ class Leaser:
         self._last_empty_lease = float("-inf")
         self._wake_call: DelayedCall | None = None
         self._wake_due = float("inf")  # when the wake-up timer fires (this clock)
+        self._io: RedisIO = io or InlineIO(stats)
+        self._in_flight = False  # a lease on its way
 
     # -- waking -------------------------------------------------------------------
 
@@ -119,49 +130,121 @@ class Leaser:
 
     # -- leasing ---------------------------------------------------------------------
 
+    @property
+    def in_flight(self) -> bool:
+        """A lease is on its way: its reply may bring requests."""
+        return self._in_flight
+
+    @property
+    def background(self) -> bool:
+        """Leases are answered later, off the crawl's loop (``REDISSPINE_REDIS_THREAD``)."""
+        return self._io.background
+
     def lease(self) -> bool:
         """Fill the ready list in one round trip (which also carries the outbox and
-        the acks); False if nothing was leased."""
+        the acks); True if requests are ready now. Through a background ``io`` the
+        reply comes later: it fills the ready list and wakes the engine."""
+        if self._in_flight:
+            return bool(self._book.ready)
         now = self._clock.seconds()
         # Engine wake-ups (each enqueue, each finished download) may come far more
         # often than work appears; after an empty lease, wait for the idle poll,
         # unless there is something to send (an ack frees a lane, a request fills one).
         if not self._sending() and now - self._last_empty_lease < self._idle_poll_seconds / 2:
-            return False
+            return bool(self._book.ready)
+        if self._book.ready or not self._guard.available("lease"):
+            return bool(self._book.ready) or self._lease_local()
         free = self._engine.free_download_slots() if self._engine else 1
-        count = max(1, min(free, self._batch_size))
-        while not self._book.ready and self._guard.available("lease"):
-            try:
-                if self._guard.reconcile_needed:
-                    self._release_orphans()
-                batch, sent = self._send_and_lease(count)
-            except CALL_ERRORS as exc:
-                self._guard.failed("lease", exc)
-                return False
-            if batch is None:
-                return self._lease_local()
-            self._guard.succeeded("lease")
-            if sent:  # else the outbox keeps its back-off; the leases are ours
-                self._guard.succeeded("enqueue")
-            self._counted(batch.queued, batch.inflight)
-            if batch.close_reason:
-                self._close_ordered(batch.close_reason)
-            self.wake_when_due(batch.wait_ms)
-            self._report_malformed(batch.malformed)
-            self._guard.repaired("lease", batch.repairs)
-            if batch.page_limited:
-                self._stats.inc_value("redisspine/scheduler/host_page_limited",
-                                      batch.page_limited)
-            if not batch.leases and not batch.malformed:
-                self._last_empty_lease = now
-                return self._lease_local()
-            self._stats.inc_value("redisspine/scheduler/leased", len(batch.leases))
-            for lease in batch.leases:
-                self._accept(lease)
-            # Loop only when everything leased was dead-lettered and work remains.
-            if not batch.queued:
-                break
-        return bool(self._book.ready) or self._lease_local()
+        self._submit(max(1, min(free, self._batch_size)), now)
+        return bool(self._book.ready)
+
+    def _submit(self, count: int, now: float) -> None:
+        """Ask for a lease (sending the outbox and acks first in the same round trip;
+        while the send backs off after an error, or one is on its way, the lease
+        goes alone), reconciling first if a reply was lost."""
+        frontier = self._frontier
+        known = (self._book.known_keys() + self._outbox.ack_keys()
+                 if self._guard.reconcile_needed else None)
+        sending = self._outbox.begin_send() if self._sending() else None
+
+        def call() -> tuple[Count | None, EnqueueResult | redis.RedisError | None, LeaseBatch]:
+            released = frontier.release_orphans(known) if known is not None else None
+            if sending is None:
+                return released, None, frontier.lease(count)
+            if sending.shed:  # before the acks: no worker finds the crawl done unaware
+                frontier.add_shed(sending.shed)
+            if not sending.carries:
+                return released, None, frontier.lease(count)
+            sent, batch = frontier.enqueue_and_lease(
+                sending.entries, sending.ack_args, count, sending.items, sending.loose
+            )
+            return released, sent, batch
+
+        def failed(exc: Exception) -> None:
+            self._in_flight = False
+            if sending is not None:
+                self._outbox.abort_send(sending)
+            if not isinstance(exc, CALL_ERRORS):
+                raise exc
+            self._guard.failed("lease", exc)
+
+        self._in_flight = True
+        self._io.submit("lease", call, lambda reply: self._leased(reply, sending, count, now),
+                        failed)
+
+    def _leased(
+        self,
+        reply: tuple[Count | None, EnqueueResult | redis.RedisError | None, LeaseBatch],
+        sending: Sending | None, count: int, now: float,
+    ) -> None:
+        """A lease reply is in (the crawl's loop): take the send's outcome, count,
+        accept the leases, wake the engine if any is ready."""
+        self._in_flight = False
+        released, sent, batch = reply
+        if released is not None:
+            self._reconciled(released)
+        answered = True  # a send's outcome, when there was one
+        if sending is not None:
+            if sent is None:
+                self._outbox.sent_shed_only(sending)
+            elif isinstance(sent, redis.RedisError):
+                self._outbox.send_failed(sent)
+                answered = isinstance(sent, redis.exceptions.OutOfMemoryError)
+                if not batch.leases and not batch.malformed:
+                    self._after_lease()
+                    return
+            else:
+                self._outbox.sent(sending, sent)
+        self._guard.succeeded("lease")
+        if sending is not None and answered:  # else the outbox keeps its back-off
+            self._guard.succeeded("enqueue")
+        self._counted(batch.queued, batch.inflight)
+        if batch.close_reason:
+            self._close_ordered(batch.close_reason)
+        self.wake_when_due(batch.wait_ms)
+        self._report_malformed(batch.malformed)
+        self._guard.repaired("lease", batch.repairs)
+        if batch.page_limited:
+            self._stats.inc_value("redisspine/scheduler/host_page_limited", batch.page_limited)
+        if not batch.leases and not batch.malformed:
+            self._last_empty_lease = now
+            self._after_lease()
+            return
+        self._stats.inc_value("redisspine/scheduler/leased", len(batch.leases))
+        for lease in batch.leases:
+            self._accept(lease)
+        if not self._book.ready and batch.queued and self._guard.available("lease"):
+            # everything leased was dead-lettered and work remains: lease again
+            self._submit(count, now)
+            return
+        self._after_lease()
+
+    def _after_lease(self) -> None:
+        """Requests kept in memory take their slots too; a background reply wakes
+        the engine for what is ready (an inline one is handed out by the caller)."""
+        self._lease_local()
+        if self._io.background and self._book.ready and self._engine is not None:
+            self._engine.wake()
 
     def _lease_local(self) -> bool:
         """Take lane slots for requests kept in this worker's memory (they are not
@@ -189,32 +272,7 @@ class Leaser:
         """Is there something to send, and may it be sent now?"""
         return self._outbox.sendable and self._guard.available("enqueue")
 
-    def _send_and_lease(self, count: int) -> tuple[LeaseBatch | None, bool]:
-        """Lease, sending the outbox and acks first in the same round trip.
-
-        Returns the batch (None when the send failed and nothing was leased; the
-        buffers are kept) and whether Redis took the send (a full Redis that refused
-        new requests did answer: that counts). While the send backs off after an
-        error, the lease goes alone."""
-        if not self._sending():
-            return self._frontier.lease(count), False
-        self._outbox.report_shed()  # before the acks: raises as the lease would
-        sending = self._outbox.sending()
-        sent, batch = self._frontier.enqueue_and_lease(
-            sending.entries, sending.ack_args, count, sending.items, sending.loose
-        )
-        if not isinstance(sent, redis.RedisError):
-            self._outbox.sent(sending, sent)
-            return batch, True
-        self._outbox.send_failed(sent)
-        answered = isinstance(sent, redis.exceptions.OutOfMemoryError)
-        if not batch.leases and not batch.malformed:
-            return None, answered
-        return batch, answered
-
-    def _release_orphans(self) -> None:
-        known = self._book.known_keys() + self._outbox.ack_keys()
-        released = self._frontier.release_orphans(known)
+    def _reconciled(self, released: Count) -> None:
         self._guard.reconciled()
         self._guard.repaired("release_orphans", released.repairs)
         if released:
@@ -245,11 +303,15 @@ class Leaser:
             reason = f"undecodable request: {exc}"
             logger.error("redisspine: lease %s moved to dead letters: %s", handle[0], reason)
             self._stats.inc_value("redisspine/scheduler/undecodable")
-            try:
-                buried = self._frontier.bury(handle, reason)
-                self._guard.repaired("bury", buried.repairs)
-            except CALL_ERRORS as exc:  # the lease stays in flight: a sweep returns it
-                self._guard.failed("bury", exc)
+            frontier, guard = self._frontier, self._guard
+
+            def failed(exc: Exception) -> None:  # the lease stays in flight: a sweep
+                if not isinstance(exc, CALL_ERRORS):  # returns it
+                    raise exc
+                guard.failed("bury", exc)
+
+            self._io.submit("bury", lambda: frontier.bury(handle, reason),
+                            lambda buried: guard.repaired("bury", buried.repairs), failed)
             return
         if lease.requeues:
             request.meta["redisspine_requeues"] = lease.requeues

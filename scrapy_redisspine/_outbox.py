@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Protocol
 import redis
 
 from scrapy_redisspine._guard import CALL_ERRORS
+from scrapy_redisspine._redis_io import InlineIO
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
 
     from scrapy_redisspine._clock import Clock, DelayedCall
     from scrapy_redisspine._guard import RedisGuard
+    from scrapy_redisspine._redis_io import RedisIO
     from scrapy_redisspine.frontier import (
         Ack,
         EnqueueResult,
@@ -85,6 +87,13 @@ class Sending:
     ack_args: list[Ack]
     items: list[tuple[StreamItem, ...]]  # per ack (empty when no ack has any)
     loose: list[StreamItem]
+    #: requests shed that the fleet is told of first (``add_shed``), before the acks
+    shed: int = 0
+
+    @property
+    def carries(self) -> bool:
+        """Does it hold anything for ``enqueue`` (else only the shed count)?"""
+        return bool(self.entries or self.ack_args or self.loose)
 
 
 class Outbox:
@@ -107,11 +116,17 @@ class Outbox:
         on_sent: Callable[[EnqueueResult], None],
         on_duplicate: Callable[[Request], None],
         on_dropped: Callable[[Request], None],
+        io: RedisIO | None = None,
     ) -> None:
         """``on_duplicate`` and ``on_dropped`` hear of the requests Redis did not
         queue (a duplicate, a lane at its backlog cap): the scheduler had said yes
-        to them before the batch went out."""
+        to them before the batch went out. ``io`` runs the sends (by default at once,
+        on the caller's thread)."""
         self._frontier = frontier
+        self._io: RedisIO = io or InlineIO(stats)
+        # A send on its way (its buffers stay here until Redis took them): no second
+        # send may take the same entries.
+        self._in_flight = False
         self._guard = guard
         self._stats = stats
         self._clock = clock
@@ -153,9 +168,16 @@ class Outbox:
 
     @property
     def sendable(self) -> bool:
-        """Is there anything a send would take now (held acks wait)?"""
-        return bool(self._requests or self._loose or self._shed_unreported
-                    or (self._acks and not self._holds))
+        """Is there anything a send would take now (held acks wait; so does all of
+        it while a send is on its way)?"""
+        return not self._in_flight and bool(
+            self._requests or self._loose or self._shed_unreported
+            or (self._acks and not self._holds))
+
+    @property
+    def in_flight(self) -> bool:
+        """A send is on its way to Redis."""
+        return self._in_flight
 
     def hold(self) -> None:
         """A request is on its way whose lane is not known yet: acks wait for it."""
@@ -227,23 +249,44 @@ class Outbox:
         self._flush_call = self._clock.callLater(within, self.try_flush)
 
     def try_flush(self) -> bool:
-        """Send what waits unless Redis is backing off; True if nothing is left."""
+        """Send what waits unless Redis is backing off (through ``io``: the reply may
+        come later); True if nothing is left to send, none on its way."""
         if self.empty:
             return True
         if not self.sendable:
-            return False  # held acks: release_hold() flushes
+            return False  # held acks: release_hold() flushes; a send on its way
         if not self._guard.available("enqueue"):
             return False
-        try:
-            self.flush()
-        except CALL_ERRORS as exc:
+        sending = self.begin_send()
+        frontier = self._frontier
+
+        def send() -> EnqueueResult | None:  # on io's thread: Redis calls only
+            if sending.shed:
+                frontier.add_shed(sending.shed)
+            if not sending.carries:
+                return None
+            return frontier.enqueue(sending.entries, sending.ack_args, sending.items,
+                                    sending.loose)
+
+        def done(result: EnqueueResult | None) -> None:
+            if result is None:
+                self._in_flight = False
+            else:
+                self.sent(sending, result)
+            self._guard.succeeded("enqueue")
+
+        def failed(exc: Exception) -> None:
+            self.abort_send(sending)
+            if not isinstance(exc, CALL_ERRORS):
+                raise exc
             self.send_failed(exc)
-            return False
-        self._guard.succeeded("enqueue")
-        return True
+
+        self._io.submit("enqueue", send, done, failed)
+        return self.empty
 
     def flush(self) -> None:
-        """Send the buffers in one atomic round trip; raises what Redis raised."""
+        """Send the buffers in one atomic round trip, on the caller's thread (at
+        close, once ``io`` is drained); raises what Redis raised."""
         self.report_shed()
         if not self.sendable:
             return
@@ -260,14 +303,40 @@ class Outbox:
             self._shed_unreported = 0
 
     def sending(self) -> Sending:
-        """The buffers as the frontier takes them, for a send of its own."""
-        requests, acks = self._requests, [] if self._holds else self._acks
+        """The buffers as the frontier takes them, for a send of its own: copies, as
+        the buffers may grow while a send is on its way (:meth:`sent` drops as many
+        as it took from their front)."""
+        requests, acks = list(self._requests), [] if self._holds else list(self._acks)
         items = list(self._ack_items) if self._items_waiting and acks else []  # one per ack
         return Sending(requests, acks, [entry for entry, _ in requests],
                        ack_args(acks, self._clock.seconds()), items, list(self._loose))
 
+    def begin_send(self) -> Sending:
+        """Take the buffers for a send that may be answered later, with the shed
+        count to tell first: until :meth:`sent`, :meth:`send_failed` or
+        :meth:`abort_send`, nothing else sends."""
+        sending = self.sending()
+        if self._shed_unreported:
+            sending = Sending(sending.requests, sending.acks, sending.entries,
+                              sending.ack_args, sending.items, sending.loose,
+                              shed=self._shed_unreported)
+            self._shed_unreported = 0
+        self._in_flight = True
+        return sending
+
+    def abort_send(self, sending: Sending) -> None:
+        """That send did not reach Redis (or its reply was lost): its buffers stay
+        for the next one, its shed count too."""
+        self._in_flight = False
+        self._shed_unreported += sending.shed
+
+    def sent_shed_only(self, sending: Sending) -> None:
+        """Redis took a send that held only the shed count."""
+        self._in_flight = False
+
     def sent(self, sending: Sending, result: EnqueueResult) -> None:
         """Redis took ``sending``: empty those buffers, count, tell the owner."""
+        self._in_flight = False
         self._requests = self._requests[len(sending.requests):]  # new lists
         self._acks = self._acks[len(sending.acks):]
         self._ack_items = self._ack_items[len(sending.acks):]
@@ -278,6 +347,7 @@ class Outbox:
         self._on_sent(result)
 
     def send_failed(self, exc: Exception) -> None:
+        self._in_flight = False
         if isinstance(exc, redis.exceptions.OutOfMemoryError):
             self.shed_buffered()
         self._guard.failed("enqueue", exc)

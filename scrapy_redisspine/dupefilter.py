@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from scrapy.statscollectors import StatsCollector
     from scrapy.utils.request import RequestFingerprinterProtocol
 
+    from scrapy_redisspine._redis_io import RedisIO
     from scrapy_redisspine.frontier import Frontier
 
 logger = logging.getLogger(__name__)
@@ -102,6 +103,7 @@ class RedisDupeFilter(BaseDupeFilter):
         self._keys: CrawlKeys | None = None
         self._own_connection: WorkerConnection | None = None
         self._timer: DelayedCall | None = None
+        self._io: RedisIO | None = None  # the scheduler's, once bound
         self._warned_full = False
         self._failing = False
 
@@ -116,10 +118,12 @@ class RedisDupeFilter(BaseDupeFilter):
             clock=CrawlClock(),
         )
 
-    def bind(self, frontier: Frontier) -> None:
-        """Share the scheduler's connection and crawl keys."""
+    def bind(self, frontier: Frontier, io: RedisIO | None = None) -> None:
+        """Share the scheduler's connection and crawl keys, and where its Redis calls
+        run (``io``: the maintenance steps then run off the crawl's loop)."""
         self._client = frontier.client
         self._keys = frontier.keys
+        self._io = io
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -171,20 +175,49 @@ class RedisDupeFilter(BaseDupeFilter):
         assert self.dedup is not None
         try:
             step = self.dedup.maintain(MIGRATION_BUDGET_SECONDS)
+        except redis.RedisError as exc:
+            self._maintenance_failed(exc)
+            return None
+        return self._maintained(step)
+
+    def _maintained(self, step: MaintenanceStep) -> MaintenanceStep | None:
+        try:
             if step.mode != MODE_SET and not self._warned_full:
                 self._warn_if_full()
         except redis.RedisError as exc:
-            if not self._failing:
-                logger.warning("redisspine: dedup maintenance failed (%s); will retry", exc)
-            self._failing = True
-            self._inc("redisspine/redis_errors/dedup")
+            self._maintenance_failed(exc)
             return None
         self._failing = False
         self._report(step)
         return step
 
+    def _maintenance_failed(self, exc: redis.RedisError) -> None:
+        if not self._failing:
+            logger.warning("redisspine: dedup maintenance failed (%s); will retry", exc)
+        self._failing = True
+        self._inc("redisspine/redis_errors/dedup")
+
     def _tick(self) -> None:
-        step = self.maintain()
+        io = self._io
+        if io is None or not io.background:
+            self._next_tick(self.maintain())
+            return
+        dedup = self.dedup
+        assert dedup is not None
+
+        def failed(exc: Exception) -> None:
+            if not isinstance(exc, redis.RedisError):
+                self._next_tick(None)
+                raise exc
+            self._maintenance_failed(exc)
+            self._next_tick(None)
+
+        # the step's Redis calls off the loop (one step at a time: the next tick is
+        # scheduled once it is done); what it found is handled back on the loop
+        io.submit("dedup", lambda: dedup.maintain(MIGRATION_BUDGET_SECONDS),
+                  lambda step: self._next_tick(self._maintained(step)), failed)
+
+    def _next_tick(self, step: MaintenanceStep | None) -> None:
         more = step is not None and step.more
         delay = MIGRATION_PAUSE_SECONDS if more else self.config.dedup_check_seconds
         if self.clock is not None and self._timer is not None:

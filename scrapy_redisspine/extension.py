@@ -42,6 +42,7 @@ from scrapy_redisspine import signals
 from scrapy_redisspine._clock import Clock, CrawlClock, Periodic
 from scrapy_redisspine._components import component_config
 from scrapy_redisspine._guard import CALL_ERRORS
+from scrapy_redisspine._redis_io import InlineIO
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -52,6 +53,10 @@ if TYPE_CHECKING:
     from scrapy_redisspine.settings import SpineConfig
 
 logger = logging.getLogger(__name__)
+
+#: One part of a sweep: its Redis calls (run off the crawl's loop) and what handles
+#: their reply (on the loop).
+Step = tuple["Callable[[], Any]", "Callable[[Any], object]"]
 
 _SWEEP_LIMIT = 1000
 _UNINDEXED_STEP = 200  # in-flight entries looked at per sweep (HSCAN COUNT)
@@ -76,6 +81,7 @@ class Recovery:
         self._timer = Periodic("sweep", self.sweep, config.sweep_seconds, self.clock, stats)
         self._bad_counters: set[str] = set()
         self._unindexed_cursor = "0"
+        self._sweeping = False  # a sweep on its way (a slow Redis): the next tick skips
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Recovery:
@@ -101,33 +107,52 @@ class Recovery:
 
     def sweep(self) -> None:
         """Recovery first: nothing else a sweep does (reading the fleet's counters,
-        the memory watch) can hold it back, and each part fails on its own."""
+        the memory watch) can hold it back, and each part fails on its own.
+
+        Its Redis calls run as one job through the worker's ``io`` (off the crawl's
+        loop); each part's reply is handled back on the loop."""
         worker = self.worker
-        if worker is None or worker.guard.crawl_gone:
+        if worker is None or worker.guard.crawl_gone or self._sweeping:
             return  # a crawl that is gone is not swept: any write would start it afresh
+        steps: list[tuple[str, Step]] = []
         # After an outage every heartbeat is old; give live workers one timeout to
         # beat again before taking anyone for dead.
         if worker.guard.available("sweep") and (
             worker.guard.healthy_for() >= self.config.worker_timeout_seconds
         ):
-            self._guarded(worker, "sweep", self._sweep_leases)
-            self._guarded(worker, "group_sweep", self._sweep_group)
-            self._guarded(worker, "unindexed", self._repair_unindexed)
-        self._guarded(worker, "fleet_read", self._read_fleet)
-        self._guarded(worker, "memory", self._watch_memory)
-
-    def _guarded(
-        self, worker: signals.WorkerView, operation: str,
-        step: Callable[[signals.WorkerView], object],
-    ) -> None:
-        if not worker.guard.available(operation):
+            steps.append(("sweep", self._sweep_leases(worker)))
+            steps.append(("group_sweep", self._sweep_group(worker)))
+            steps.append(("unindexed", self._repair_unindexed(worker)))
+        steps.append(("fleet_read", self._read_fleet(worker)))
+        steps.append(("memory", self._watch_memory(worker)))
+        steps = [step for step in steps if worker.guard.available(step[0])]
+        if not steps:
             return
-        try:
-            step(worker)
-        except CALL_ERRORS as exc:
-            worker.guard.failed(operation, exc)
-        else:
-            worker.guard.succeeded(operation)
+
+        def call() -> list[Any]:
+            replies: list[Any] = []
+            for _, (redis_part, _handle) in steps:
+                try:
+                    replies.append(redis_part())
+                except CALL_ERRORS as exc:  # each part fails on its own
+                    replies.append(exc)
+            return replies
+
+        def done(replies: list[Any]) -> None:
+            self._sweeping = False
+            for (operation, (_, handle)), reply in zip(steps, replies, strict=True):
+                if isinstance(reply, Exception):
+                    worker.guard.failed(operation, reply)
+                    continue
+                if handle(reply) is not False:  # False: it reported a failure itself
+                    worker.guard.succeeded(operation)
+
+        def failed(exc: Exception) -> None:
+            self._sweeping = False
+            raise exc
+
+        self._sweeping = True
+        (worker.io or InlineIO(self.stats)).submit("sweep", call, done, failed)
 
     def _rests(self, worker: signals.WorkerView) -> dict[str, Any]:
         """How long a requeued request's lane rests: the dead worker may have been
@@ -139,15 +164,18 @@ class Recovery:
                            for lane, seconds in delays.overrides.items()},
         }
 
-    def _sweep_leases(self, worker: signals.WorkerView) -> None:
-        result = worker.upkeep.requeue_stale(
+    def _sweep_leases(self, worker: signals.WorkerView) -> Step:
+        rests = self._rests(worker)
+        return lambda: worker.upkeep.requeue_stale(
             timeout_ms=self.config.worker_timeout_ms,
             ceiling_ms=self.config.lease_ceiling_ms,
             max_requeues=self.config.max_requeues,
             limit=_SWEEP_LIMIT,
             as_worker=True,
-            **self._rests(worker),
-        )
+            **rests,
+        ), lambda result: self._swept_leases(worker, result)
+
+    def _swept_leases(self, worker: signals.WorkerView, result: Any) -> None:
         worker.guard.repaired("sweep", result.repairs)
         if result.requeued or result.dead_lettered:
             self.stats.inc_value("redisspine/recovery/requeued", result.requeued)
@@ -159,7 +187,7 @@ class Recovery:
             )
             worker.wake()
 
-    def _sweep_group(self, worker: signals.WorkerView) -> None:
+    def _sweep_group(self, worker: signals.WorkerView) -> Step:
         """Sweep the other crawls of the politeness group for workers long dead.
 
         Their leases hold the group's lane slots, which this crawl's lanes share: a
@@ -167,17 +195,27 @@ class Recovery:
         started again, and every other crawl of the group would wait on those lanes.
         The leases go back to their own crawl's queue, as its own sweep would put
         them; that crawl's epoch is checked, so a purged crawl is left alone."""
-        for crawl_id in worker.upkeep.group_crawls(_OTHER_CRAWLS_PER_SWEEP):
-            other = worker.upkeep.of_crawl(crawl_id)
-            if other is None:
-                continue
-            result = other.requeue_stale(
-                timeout_ms=OTHER_CRAWL_TIMEOUT_FACTOR * self.config.worker_timeout_ms,
-                ceiling_ms=0,  # that crawl's own ceiling is its workers' business
-                max_requeues=self.config.max_requeues,
-                limit=_SWEEP_LIMIT,
-                **self._rests(worker),
-            )
+        rests = self._rests(worker)
+
+        def redis_part() -> list[tuple[str, Any]]:
+            results = []
+            for crawl_id in worker.upkeep.group_crawls(_OTHER_CRAWLS_PER_SWEEP):
+                other = worker.upkeep.of_crawl(crawl_id)
+                if other is None:
+                    continue
+                results.append((crawl_id, other.requeue_stale(
+                    timeout_ms=OTHER_CRAWL_TIMEOUT_FACTOR * self.config.worker_timeout_ms,
+                    ceiling_ms=0,  # that crawl's own ceiling is its workers' business
+                    max_requeues=self.config.max_requeues,
+                    limit=_SWEEP_LIMIT,
+                    **rests,
+                )))
+            return results
+
+        return redis_part, lambda results: self._swept_group(worker, results)
+
+    def _swept_group(self, worker: signals.WorkerView, results: list[tuple[str, Any]]) -> None:
+        for crawl_id, result in results:
             worker.guard.repaired("group_sweep", result.repairs)
             if result.requeued or result.dead_lettered:
                 self.stats.inc_value("redisspine/recovery/group_requeued", result.requeued)
@@ -191,13 +229,16 @@ class Recovery:
                 )
                 worker.wake()
 
-    def _repair_unindexed(self, worker: signals.WorkerView) -> None:
+    def _repair_unindexed(self, worker: signals.WorkerView) -> Step:
         """One bounded step through the in-flight entries that no index points to
         (no sweep finds those; left alone, they keep the crawl from finishing)."""
-        result = worker.upkeep.repair_unindexed(
-            self._unindexed_cursor, _UNINDEXED_STEP, timeout_ms=self.config.worker_timeout_ms,
-            max_requeues=self.config.max_requeues, **self._rests(worker),
-        )
+        cursor, rests = self._unindexed_cursor, self._rests(worker)
+        return lambda: worker.upkeep.repair_unindexed(
+            cursor, _UNINDEXED_STEP, timeout_ms=self.config.worker_timeout_ms,
+            max_requeues=self.config.max_requeues, **rests,
+        ), lambda result: self._repaired_unindexed(worker, result)
+
+    def _repaired_unindexed(self, worker: signals.WorkerView, result: Any) -> None:
         self._unindexed_cursor = result.cursor
         worker.guard.repaired("unindexed", result.repairs)
         fixed = result.requeued + result.dead_lettered + result.reindexed + result.removed
@@ -212,8 +253,26 @@ class Recovery:
             if result.requeued:
                 worker.wake()
 
-    def _read_fleet(self, worker: signals.WorkerView) -> None:
-        counters, bad = worker.upkeep.read_fleet_stats()
+    def _read_fleet(self, worker: signals.WorkerView) -> Step:
+        acked = int(self.stats.get_value("redisspine/scheduler/acked", 0))
+        upkeep, timeout_ms = worker.upkeep, self.config.worker_timeout_ms
+
+        def redis_part() -> tuple[Any, list[str], int, Exception | None]:
+            counters, bad = upkeep.read_fleet_stats()
+            alive = upkeep.workers_alive(timeout_ms)
+            # last: the one write here, which a full Redis refuses (the reads stand)
+            try:
+                upkeep.record_progress(acked, counters.get("acked", 0))
+            except CALL_ERRORS as exc:
+                return counters, bad, alive, exc
+            return counters, bad, alive, None
+
+        return redis_part, lambda reply: self._fleet_read(worker, *reply)
+
+    def _fleet_read(
+        self, worker: signals.WorkerView, counters: Any, bad: list[str], alive: int,
+        progress_failed: Exception | None,
+    ) -> bool:
         for name in bad:
             if name not in self._bad_counters:
                 self._bad_counters.add(name)
@@ -222,15 +281,16 @@ class Recovery:
                                name, worker.upkeep.keys.stats)
         for name, value in counters.items():
             self.stats.set_value(f"redisspine/fleet/{name}", value)
-        alive = worker.upkeep.workers_alive(self.config.worker_timeout_ms)
         self.stats.set_value("redisspine/fleet/workers_alive", alive)
-        # last: the one write here, which a full Redis refuses (the reads above stand)
-        worker.upkeep.record_progress(
-            int(self.stats.get_value("redisspine/scheduler/acked", 0)), counters.get("acked", 0)
-        )
+        if progress_failed is not None:
+            worker.guard.failed("fleet_read", progress_failed)
+            return False
+        return True
 
-    def _watch_memory(self, worker: signals.WorkerView) -> None:
-        used, maxmemory = worker.upkeep.memory()
+    def _watch_memory(self, worker: signals.WorkerView) -> Step:
+        return worker.upkeep.memory, lambda reply: self._memory_read(worker, *reply)
+
+    def _memory_read(self, worker: signals.WorkerView, used: int, maxmemory: int) -> None:
         limits = [maxmemory, self.config.memory_budget_bytes]
         worker.guard.observe_memory(used, min((value for value in limits if value > 0), default=0))
 
@@ -247,6 +307,7 @@ class FleetLog:
         self.stats = stats
         self.interval = interval
         self.worker: signals.WorkerView | None = None
+        self._reading = False  # a read on its way (a slow Redis): the next tick skips
         self._timer = Periodic("fleet log", self.log, interval, clock or CrawlClock(), stats)
 
     @classmethod
@@ -268,14 +329,24 @@ class FleetLog:
 
     def log(self) -> None:
         worker = self.worker
-        if worker is None or worker.guard.crawl_gone or not worker.guard.available():
+        if (worker is None or worker.guard.crawl_gone or self._reading
+                or not worker.guard.available()):
             return
-        try:
-            queued, inflight = worker.upkeep.counts()
-            alive = worker.upkeep.workers_alive(self.config.worker_timeout_ms)
-        except CALL_ERRORS as exc:
+        upkeep, timeout_ms = worker.upkeep, self.config.worker_timeout_ms
+
+        def failed(exc: Exception) -> None:
+            self._reading = False
+            if not isinstance(exc, CALL_ERRORS):
+                raise exc
             worker.guard.failed("fleet_log", exc)
-            return
+
+        self._reading = True
+        (worker.io or InlineIO(self.stats)).submit(
+            "fleet log", lambda: (*upkeep.counts(), upkeep.workers_alive(timeout_ms)),
+            lambda reply: self._said(*reply), failed)
+
+    def _said(self, queued: int, inflight: int, alive: int) -> None:
+        self._reading = False
         logger.info(
             "redisspine fleet: %d queued, %d in flight, %d worker(s); this worker: "
             "%d page(s), %d item(s)", queued, inflight, alive,

@@ -21,6 +21,7 @@ and the enqueue script's keys.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from scrapy import signals as scrapy_signals
@@ -31,6 +32,7 @@ from scrapy_redisspine._clock import Clock, CrawlClock, Periodic
 from scrapy_redisspine._components import component_config
 from scrapy_redisspine._feed_store import FeedBatch, FeedStore, FeedTypeError
 from scrapy_redisspine._guard import CALL_ERRORS
+from scrapy_redisspine._redis_io import InlineIO
 from scrapy_redisspine.connection import same_slot
 from scrapy_redisspine.feed_entries import BadEntry, parse_entry
 from scrapy_redisspine.keys import feed_key
@@ -43,6 +45,8 @@ if TYPE_CHECKING:
     from scrapy.statscollectors import StatsCollector
     from scrapy.utils.request import RequestFingerprinterProtocol
 
+    from scrapy_redisspine._redis_io import RedisIO
+    from scrapy_redisspine._results import EnqueueResult
     from scrapy_redisspine.frontier import Frontier, NewRequest
     from scrapy_redisspine.settings import SpineConfig
 
@@ -50,6 +54,16 @@ logger = logging.getLogger(__name__)
 
 #: Batches one tick takes at most while each comes back full.
 BATCHES_PER_TICK = 10
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """A batch read from the feed, sorted: what to enqueue, what to bury."""
+
+    batch: FeedBatch
+    good: list[bytes]
+    requests: list[NewRequest]
+    bad: list[tuple[str, bytes]]
 
 
 class FeedDrain:
@@ -70,6 +84,7 @@ class FeedDrain:
         self._frontier: Frontier | None = None
         self._type_warned = False
         self._slot_warned = False
+        self._draining = False  # a drain on its way (a slow Redis): the next tick skips
         self.crawler: Crawler | None = None
         self._timer = Periodic("feed", self.drain, config.feed_seconds,
                                clock or CrawlClock(), stats)
@@ -109,8 +124,9 @@ class FeedDrain:
         self._frontier.epoch = upkeep.epoch
         # Once now, while the scheduler opens: a spider fed only through its feed key
         # (scrapy-redis's way, no start requests) finds the entries queued before its
-        # first lease, instead of finding the crawl empty and closing.
-        self.drain()
+        # first lease, instead of finding the crawl empty and closing (so on the
+        # loop's thread, done before the scheduler's first lease).
+        self._next_batch(InlineIO(self.stats), BATCHES_PER_TICK)
         self._timer.start()
 
     @property
@@ -121,53 +137,99 @@ class FeedDrain:
         self._timer.stop()
 
     def drain(self) -> None:
-        """Up to ``BATCHES_PER_TICK`` batches, while each is full."""
+        """Up to ``BATCHES_PER_TICK`` batches, while each is full. Through the worker's
+        ``io``: the feed is read and written off the crawl's loop, its entries are
+        parsed on it (their callbacks are the spider's); one drain at a time."""
         worker = self.worker
-        if worker is None or worker.guard.crawl_gone:
+        if worker is None or worker.guard.crawl_gone or self._draining:
             return  # a crawl that is gone takes nothing from the feed
-        for _ in range(BATCHES_PER_TICK):
-            if not worker.guard.available("feed"):
-                return
-            try:
-                taken = self.take_batch()
-            except FeedTypeError as exc:
-                if not self._type_warned:
-                    self._type_warned = True
-                    logger.warning("redisspine: %s", exc)
-                return
-            except CALL_ERRORS as exc:
-                worker.guard.failed("feed", exc)
-                return
-            worker.guard.succeeded("feed")
-            if taken < self.config.feed_batch_size:
-                return
+        self._next_batch(worker.io or InlineIO(self.stats), BATCHES_PER_TICK)
+
+    def _next_batch(self, io: RedisIO, left: int) -> None:
+        worker, store = self.worker, self.store
+        if worker is None or store is None or not worker.guard.available("feed"):
+            return
+        size = self.config.feed_batch_size
+        self._draining = True
+        io.submit("feed", lambda: store.read(size), lambda batch: self._read(io, left, batch),
+                  self._failed)
+
+    def _read(self, io: RedisIO, left: int, batch: FeedBatch) -> None:
+        plan = self._plan(batch)
+        if plan is None:
+            self._batch_done(io, left, 0)
+            return
+        io.submit("feed", lambda: self._write(plan),
+                  lambda reply: self._batch_done(io, left, self._record(plan, reply)),
+                  self._failed)
+
+    def _batch_done(self, io: RedisIO, left: int, taken: int) -> None:
+        self._draining = False
+        if self.worker is not None:
+            self.worker.guard.succeeded("feed")
+        if taken >= self.config.feed_batch_size and left > 1:
+            self._next_batch(io, left - 1)
+
+    def _failed(self, exc: Exception) -> None:
+        self._draining = False
+        if isinstance(exc, FeedTypeError):
+            if not self._type_warned:
+                self._type_warned = True
+                logger.warning("redisspine: %s", exc)
+            return
+        if not isinstance(exc, CALL_ERRORS):
+            raise exc
+        if self.worker is not None:
+            self.worker.guard.failed("feed", exc)
 
     def take_batch(self) -> int:
-        """One batch: read, enqueue the good entries, then end it. How many were read."""
-        store, frontier = self.store, self._frontier
-        if store is None or frontier is None:
+        """One batch, on the caller's thread: read, enqueue the good entries, then end
+        it. How many were read."""
+        store = self.store
+        if store is None:
             return 0
-        batch = store.read(self.config.feed_batch_size)
-        if not batch.entries or self._cross_slot(store):
-            return 0
+        plan = self._plan(store.read(self.config.feed_batch_size))
+        return 0 if plan is None else self._record(plan, self._write(plan))
+
+    def _plan(self, batch: FeedBatch) -> _Plan | None:
+        """What to write for a batch read (None: nothing, or a feed key that cannot
+        be drained here)."""
+        store = self.store
+        if store is None or self._frontier is None or not batch.entries or self._cross_slot(
+                store):
+            return None
         good, requests, bad = self._sort(batch)
+        return _Plan(batch, good, requests, bad)
+
+    def _write(self, plan: _Plan) -> tuple[EnqueueResult | None, Any]:
+        """Redis calls only (off the loop): enqueue the good entries, then end the batch."""
+        store, frontier = self.store, self._frontier
+        assert store is not None
+        assert frontier is not None
         enqueued: list[bytes] = []
-        if requests:
-            result = frontier.push(requests)
+        result = None
+        if plan.requests:
+            result = frontier.push(plan.requests)
             # "c": a full host backlog refused it; it stays in the feed for later
-            enqueued = [raw for raw, status in zip(good, result.statuses, strict=False)
+            enqueued = [raw for raw, status in zip(plan.good, result.statuses, strict=False)
                         if status != "c"]
+        return result, store.done(plan.batch.kind, plan.bad, enqueued)
+
+    def _record(self, plan: _Plan, reply: tuple[EnqueueResult | None, Any]) -> int:
+        """Count and say what a batch did; how many entries it read."""
+        result, done = reply
+        if result is not None:
             if result.enqueued and self.worker is not None:
                 self.worker.wake()
             self.stats.inc_value("redisspine/feed/enqueued", result.enqueued)
-        done = store.done(batch.kind, bad, enqueued)
         self.stats.inc_value("redisspine/feed/taken", done.removed)
         if done.buried:
+            store_key = self.store.feed_key if self.store is not None else "the feed"
             self.stats.inc_value("redisspine/feed/dead_lettered", done.buried)
             logger.warning("redisspine: %d bad feed entr%s of %s went to the dead letters "
                            "(see `redisspine dead-letters`); first: %s", done.buried,
-                           "y" if done.buried == 1 else "ies", store.feed_key, bad[0][0])
-        return len(batch.entries)
+                           "y" if done.buried == 1 else "ies", store_key, plan.bad[0][0])
+        return len(plan.batch.entries)
 
     def _cross_slot(self, store: FeedStore) -> bool:
         """On Redis Cluster a feed key without the crawl's hash tag cannot be drained

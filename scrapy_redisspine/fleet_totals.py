@@ -24,6 +24,7 @@ from scrapy_redisspine import signals
 from scrapy_redisspine._clock import Clock, CrawlClock, Periodic
 from scrapy_redisspine._components import component_config
 from scrapy_redisspine._guard import CALL_ERRORS
+from scrapy_redisspine._redis_io import InlineIO
 from scrapy_redisspine.control import StatsPusher
 
 if TYPE_CHECKING:
@@ -52,6 +53,8 @@ class FleetTotals:
         self.interval = interval
         self.worker: signals.WorkerView | None = None
         self._pusher: StatsPusher | None = None
+        self._pushing = False  # a push on its way (a slow Redis): the next tick skips
+        self._skips: list[str] = []  # fields a push skipped, to count on the loop
         self._timer = Periodic("fleet totals", self.push, interval, clock or CrawlClock(),
                                stats)
 
@@ -70,7 +73,7 @@ class FleetTotals:
         self.worker = worker
         self._pusher = StatsPusher(
             worker.upkeep.client, worker.upkeep.keys,
-            on_skip=lambda _: self.stats.inc_value("redisspine/fleet_stats/skipped"),
+            on_skip=self._skips.append,  # (io's thread: counted back on the loop)
             epoch=worker.upkeep.epoch, worker_id=worker.worker_id,
         )
         self._timer.start()
@@ -89,14 +92,29 @@ class FleetTotals:
         self.push(final=True)
 
     def push(self, final: bool = False) -> None:
+        """Push the growth of this worker's stats through the worker's ``io`` (the
+        pusher's own state is touched by its pushes only, one after the other); the
+        final one is never skipped, it follows one on its way."""
         worker, pusher = self.worker, self._pusher
         if worker is None or pusher is None or worker.guard.crawl_gone:
             return  # a crawl that is gone gets no write: it would start afresh
-        if not worker.guard.available("fleet_stats"):
+        if (self._pushing and not final) or not worker.guard.available("fleet_stats"):
             return
-        try:
-            pusher.push(self.stats.get_stats(), final=final)
-        except CALL_ERRORS as exc:
-            worker.guard.failed("fleet_stats", exc)
-        else:
+        snapshot = dict(self.stats.get_stats())
+
+        def pushed(_: object) -> None:
+            self._pushing = False
+            while self._skips:
+                self._skips.pop()
+                self.stats.inc_value("redisspine/fleet_stats/skipped")
             worker.guard.succeeded("fleet_stats")
+
+        def failed(exc: Exception) -> None:
+            self._pushing = False
+            if not isinstance(exc, CALL_ERRORS):
+                raise exc
+            worker.guard.failed("fleet_stats", exc)
+
+        self._pushing = True
+        (worker.io or InlineIO(self.stats)).submit(
+            "fleet totals", lambda: pusher.push(snapshot, final=final), pushed, failed)

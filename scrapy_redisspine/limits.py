@@ -37,6 +37,7 @@ from scrapy_redisspine import signals
 from scrapy_redisspine._clock import Clock, CrawlClock, Periodic
 from scrapy_redisspine._components import component_config
 from scrapy_redisspine._guard import CALL_ERRORS
+from scrapy_redisspine._redis_io import InlineIO
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
@@ -59,6 +60,7 @@ class FleetLimits:
         self.worker: signals.WorkerView | None = None
         self.items = 0  # counted here, not yet added to the fleet's counts
         self.errors = 0
+        self._checking = False  # a check on its way (a slow Redis): the next tick skips
         self._timer = Periodic("limits", self.check, config.limits_check_seconds, self.clock,
                                stats)
 
@@ -99,22 +101,30 @@ class FleetLimits:
         """Add the counts, learn whether the fleet reached a limit; a failed call keeps
         the counts for the next one."""
         worker = self.worker
-        if worker is None or worker.guard.crawl_gone or not worker.guard.available("limits"):
+        if (worker is None or worker.guard.crawl_gone or self._checking
+                or not worker.guard.available("limits")):
             return
         items, errors = self.items, self.errors
-        config = self.config
-        try:
-            reason = worker.upkeep.count_limits(
-                items, errors, item_limit=config.closespider_itemcount,
-                error_limit=config.closespider_errorcount,
-                timeout_ms=int(config.closespider_timeout * 1000),
-            )
-        except CALL_ERRORS as exc:
+        config, upkeep = self.config, worker.upkeep
+
+        def counted(reason: str | None) -> None:
+            self._checking = False
+            worker.guard.succeeded("limits")
+            self.items -= items
+            self.errors -= errors
+            if reason and worker.close_ordered is not None:
+                self._timer.stop()
+                worker.close_ordered(reason)
+
+        def failed(exc: Exception) -> None:
+            self._checking = False
+            if not isinstance(exc, CALL_ERRORS):
+                raise exc
             worker.guard.failed("limits", exc)
-            return
-        worker.guard.succeeded("limits")
-        self.items -= items
-        self.errors -= errors
-        if reason and worker.close_ordered is not None:
-            self._timer.stop()
-            worker.close_ordered(reason)
+
+        self._checking = True
+        (worker.io or InlineIO(self.stats)).submit("limits", lambda: upkeep.count_limits(
+            items, errors, item_limit=config.closespider_itemcount,
+            error_limit=config.closespider_errorcount,
+            timeout_ms=int(config.closespider_timeout * 1000),
+        ), counted, failed)

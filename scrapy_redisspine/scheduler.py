@@ -50,6 +50,7 @@ from scrapy_redisspine._leasebook import LeaseBook
 from scrapy_redisspine._leasing import Leaser
 from scrapy_redisspine._local import LocalQueue
 from scrapy_redisspine._outbox import Outbox
+from scrapy_redisspine._redis_io import InlineIO, RedisIO, ThreadIO
 from scrapy_redisspine._refusal import Refusal
 from scrapy_redisspine._settings_compat import notices
 from scrapy_redisspine._starts import StartRegistry
@@ -166,7 +167,7 @@ class Scheduler(BaseScheduler):
             self.guard.failed("lane_limits", exc)
         try:
             if isinstance(self.df, RedisDupeFilter):
-                self.df.bind(self.frontier)
+                self.df.bind(self.frontier, self.io)
             self.df.open()
         except (CorruptKeyError, DedupConfigError) as exc:
             self._refuse_after_join(REASON_CORRUPT if isinstance(exc, CorruptKeyError)
@@ -183,6 +184,12 @@ class Scheduler(BaseScheduler):
     def _assemble(self, spider: Spider) -> None:
         """Build the parts that work on the frontier, each given what it uses."""
         config, stats, clock = self.config, self.stats, self.clock
+        # A thread of its own needs the crawl's loop to hand replies back to: tests
+        # that drive a scheduler with Twisted's task.Clock call inline.
+        self.io: RedisIO = (
+            ThreadIO(stats, clock.thread_caller())
+            if config.redis_thread and isinstance(clock, CrawlClock) else InlineIO(stats)
+        )
         self.codec = RequestCodec(
             spider, get_serializer(config.serializer), config.allowed_request_classes,
             ItemClasses.for_spider(spider, config.allowed_item_classes),
@@ -196,7 +203,7 @@ class Scheduler(BaseScheduler):
             self.frontier, self.guard, stats, clock,
             batch_size=config.enqueue_batch_size, cache_size=config.local_request_cache,
             on_sent=self._on_sent, on_duplicate=lambda request: self.df.log(request, spider),
-            on_dropped=self._dropped,
+            on_dropped=self._dropped, io=self.io,
         )
         self.fleet = FleetMember(
             frontier=self.frontier, guard=self.guard, book=self.book, engine=self.engine,
@@ -204,7 +211,7 @@ class Scheduler(BaseScheduler):
             worker_timeout_ms=config.worker_timeout_ms, wake=self.wake,
             flush=self.outbox.try_flush, crawl_gone=self._crawl_gone,
             idle_close_ms=config.idle_close_ms,
-            wait_for_first_request=config.wait_for_first_request,
+            wait_for_first_request=config.wait_for_first_request, io=self.io,
         )
         self.local = LocalQueue(self.worker_id, stats)
         self.leaser = Leaser(
@@ -212,7 +219,7 @@ class Scheduler(BaseScheduler):
             codec=self.codec, local=self.local, engine=self.engine, stats=stats, clock=clock,
             batch_size=config.lease_batch_size, idle_poll_seconds=config.idle_poll_seconds,
             counted=self.fleet.counted, crawl_delay_learned=self.hosts.learned_from_lease,
-            close_ordered=self.fleet.close_ordered,
+            close_ordered=self.fleet.close_ordered, io=self.io,
         )
         self.hand_back = HandBack(
             frontier=self.frontier, outbox=self.outbox, book=self.book, local=self.local,
@@ -228,7 +235,7 @@ class Scheduler(BaseScheduler):
         self.guard.on_crawl_gone = lambda status: self._crawl_gone(Heartbeat(status))
         self.view = signals.WorkerView(
             self.worker_id, self.frontier.upkeep, self.guard, self.hosts, self.wake,
-            self.starts, self.items, self.fleet.close_ordered,
+            self.starts, self.items, self.fleet.close_ordered, self.io,
         )
 
     def _refuse_after_join(self, reason: str, message: str) -> None:
@@ -255,6 +262,10 @@ class Scheduler(BaseScheduler):
             self.crawler.signals.send_catch_log(signals.worker_closing, worker=self.view)
         self.fleet.stop()
         self._idle_poll.stop()
+        if not self.io.drain(2 * self.config.redis_timeout_seconds + 1):
+            logger.warning("redisspine: Redis did not answer this worker's last calls in "
+                           "time; what they carried is reconciled by the fleet's sweep")
+        self.io.close()
         self.outbox.close()
         self.leaser.close()
         if self.engine is not None:
@@ -342,13 +353,16 @@ class Scheduler(BaseScheduler):
         if request is not None:
             self.stats.inc_value("scheduler/dequeued/redis")
             self.stats.inc_value("scheduler/dequeued")
+            if not self.book.ready and self.leaser.background and not orders.paused:
+                self.leaser.lease()  # the next batch is on its way before it is asked for
         return request
 
     def has_pending_requests(self) -> bool:
         if self.refusal.reason is not None:
             self.refusal.close_soon()
             return True  # until it closes with its reason, never as "finished"
-        if not self.outbox.empty or self.book.ready or self.config.keep_alive or len(self.local):
+        if (not self.outbox.empty or self.book.ready or self.config.keep_alive
+                or len(self.local) or self.leaser.in_flight):
             return True
         if self.fleet.orders.stop_leasing:
             return True  # paused: wait for resume; draining: the heartbeat closes

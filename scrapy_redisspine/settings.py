@@ -134,6 +134,16 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("REDISSPINE_IDLE_POLL_SECONDS", 0.1, as_number, (float, 0.01),
             "How often a worker with nothing to do asks Redis for work: bounds both "
             "its pick-up latency and its idle load on Redis."),
+    Setting("REDISSPINE_REDIS_THREAD", True, as_bool, (),
+            "The worker's leases, enqueues and acks run on a thread of its own, so "
+            "downloads and callbacks go on while a round trip to Redis is in the air "
+            "(Redis in another zone, a frozen Redis); results come back to the crawl's "
+            "loop in order. `False`: every call on the loop's thread (slower with a "
+            "distant Redis; the order of calls is the same)."),
+    Setting("REDISSPINE_REDIS_TIMEOUT_SECONDS", 5.0, as_number, (float, 0.1),
+            "Longest wait for one Redis reply (and for a connection) of a worker; a "
+            "call past it counts as an outage (the breaker backs off, a lost lease "
+            "reply is reconciled). A `socket_timeout` in the URL's query wins."),
     Setting("REDISSPINE_KEEP_ALIVE", False, as_bool, (),
             "Service mode: stay open when the crawl has no work, waiting for "
             "requests added from outside."),
@@ -313,6 +323,8 @@ class SpineConfig:
     ack_flush_seconds: float
     local_request_cache: int
     idle_poll_seconds: float
+    redis_thread: bool
+    redis_timeout_seconds: float
     keep_alive: bool
     wait_for_first_request: bool
     idle_close_seconds: float

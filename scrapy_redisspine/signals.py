@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from scrapy_redisspine._guard import RedisGuard
     from scrapy_redisspine._host_policy import HostPolicy
     from scrapy_redisspine._itembox import ItemBox
+    from scrapy_redisspine._redis_io import RedisIO
     from scrapy_redisspine._starts import StartRegistry
 
 #: Sent by the scheduler once it joined its crawl. Arguments: ``worker`` (a
@@ -41,3 +42,4 @@ class WorkerView:
     starts: StartRegistry  # which requests start() yielded (startmw.StartRequests)
     items: ItemBox | None = None  # REDISSPINE_ITEMS: items go with their acks (fleet_items)
     close_ordered: Callable[[str], None] | None = None  # a fleet-wide limit was reached
+    io: RedisIO | None = None  # where Redis calls run (off the crawl's loop, in order)

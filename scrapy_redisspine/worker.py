@@ -60,7 +60,9 @@ class WorkerConnection:
             embedded_dir = config.embedded_dir or default_embedded_dir()
             url = ensure_embedded_server(embedded_dir, config.redis_server_bin)
             description = f"embedded redis-server {url} (no REDISSPINE_REDIS_URL set)"
-        client = client_from_url(url)
+        timeout = config.redis_timeout_seconds
+        client = client_from_url(url, socket_timeout=timeout,
+                                 socket_connect_timeout=timeout)
         client.ping()
         return cls(client, description, embedded_dir)
 

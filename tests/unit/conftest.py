@@ -178,7 +178,7 @@ def redis_url_for(
         server = client.connection_pool.connection_kwargs["server"]
         monkeypatch.setattr(
             scrapy_redisspine.worker, "client_from_url",
-            lambda url: fakeredis.FakeRedis(server=server),
+            lambda url, **options: fakeredis.FakeRedis(server=server),
         )
         return "redis://fakeredis.invalid:6379/0"
     return str(request.getfixturevalue("redis_url"))  # emptied for this test

@@ -51,7 +51,7 @@ def redis_url(
         server = fakeredis.FakeServer()
         monkeypatch.setattr(
             scrapy_redisspine.worker, "client_from_url",
-            lambda url: fakeredis.FakeRedis(server=server),
+            lambda url, **options: fakeredis.FakeRedis(server=server),
         )
         monkeypatch.setattr(
             "tests.unit.test_dedup_dupefilter._inspect", lambda url: fakeredis.FakeRedis(

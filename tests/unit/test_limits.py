@@ -173,6 +173,7 @@ class _View:
         self.guard = _Guard()
         self.closed: list[str] = []
         self.close_ordered = self.closed.append
+        self.io = None  # calls at once (InlineIO)
 
 
 class TestExtension:

@@ -46,6 +46,8 @@ def test_defaults() -> None:
         "ack_flush_seconds": 0.05,
         "local_request_cache": 10_000,
         "idle_poll_seconds": 0.1,
+        "redis_thread": True,
+        "redis_timeout_seconds": 5.0,
         "keep_alive": False,
         "wait_for_first_request": True,
         "idle_close_seconds": 0.0,

@@ -64,3 +64,56 @@ class ReportLoop:
         logging.getLogger("testproject").info(
             "testproject: Twisted reactor imported: %s", "yes" if installed else "no"
         )
+
+
+class LoopLag:
+    """With ``LINKS_REPORT_LOOP_LAG``: logs each response as it reaches the engine,
+    with its wall-clock time, and, as the spider closes, the longest the crawl's loop
+    went without running a 50 ms timer (what a synchronous Redis call on the loop
+    costs every download and callback). The Redis-thread tests read both."""
+
+    def __init__(self, crawler: Crawler) -> None:
+        from scrapy_redisspine._clock import CrawlClock
+
+        self._clock = CrawlClock()
+        self._last = 0.0
+        self.worst = 0.0
+        self._running = False
+        crawler.signals.connect(self.spider_opened, signal=signals.spider_opened)
+        crawler.signals.connect(self.response_received, signal=signals.response_received)
+        crawler.signals.connect(self.spider_closed, signal=signals.spider_closed)
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> LoopLag:
+        if not crawler.settings.getbool("LINKS_REPORT_LOOP_LAG"):
+            raise NotConfigured
+        return cls(crawler)
+
+    def spider_opened(self, spider: Any) -> None:
+        import time
+
+        self._running = True
+        self._last = time.monotonic()
+        self._clock.callLater(0.05, self._tick)
+
+    def _tick(self) -> None:
+        import time
+
+        now = time.monotonic()
+        self.worst = max(self.worst, now - self._last - 0.05)
+        self._last = now
+        if self._running:
+            self._clock.callLater(0.05, self._tick)
+
+    def response_received(self, response: Any, request: Any, spider: Any) -> None:
+        import logging
+        import time
+
+        logging.getLogger("testproject").info(
+            "testproject: response %s received at %.3f", response.url, time.time())
+
+    def spider_closed(self, spider: Any, reason: str) -> None:
+        import logging
+
+        self._running = False
+        logging.getLogger("testproject").info("testproject: loop lag max %.3f s", self.worst)

@@ -1,0 +1,242 @@
+"""Redis calls off the crawl's loop: one thread of the worker's own makes them, in order.
+
+A synchronous Redis call on Twisted's reactor thread (or asyncio's loop, reactorless)
+stops the whole worker for its round trip: no download progresses, no callback runs.
+With Redis 5-20 ms away (another zone, a managed service) that costs most of a crawl's
+speed, and a frozen Redis freezes every download for the whole call timeout.
+
+:class:`ThreadIO` runs each call on a single thread of its own and hands its result
+back to the loop, where everything else of the worker happens; nothing of the
+worker's state is touched on that thread, only the call itself runs there. Why a
+thread rather than redis-py's asyncio client:
+
+- it works under every reactor Scrapy offers and in its reactorless mode, with the
+  same client (plain, TLS, Cluster, Sentinel), the same scripts and the same errors,
+  so the breaker and the reconciliation of lost replies stay as they are;
+- one thread runs calls in the order they were submitted, which is the ordering the
+  frontier needs (a request's children before or with its parent's ack; acks, which
+  free a lane, before the lease that looks for due lanes);
+- redis-py (with hiredis) releases the GIL while it waits on the socket, so the loop
+  runs on while a call is in the air.
+
+:class:`InlineIO` runs each call at once on the caller's thread: tests driven by
+``twisted.internet.task.Clock``, and ``REDISSPINE_REDIS_THREAD = False``.
+
+A call slower than ``slow_seconds`` is counted (``redisspine/redis/slow_calls``) and
+said in one line at most once a minute, with its measured time.
+
+Scrapy-free: results come back through a ``deliver`` function (the loop's
+``callFromThread``), see :meth:`scrapy_redisspine._clock.CrawlClock.call_from_thread`.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import queue
+import threading
+import time
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from scrapy.statscollectors import StatsCollector
+
+logger = logging.getLogger("scrapy_redisspine.scheduler")
+
+T = TypeVar("T")
+
+#: A Redis call slower than this is counted, and said once a minute.
+SLOW_CALL_SECONDS = 0.5
+_SLOW_LOG_INTERVAL_SECONDS = 60.0
+
+
+class RedisIO(Protocol):
+    """Where a worker's Redis calls run, and how their results come back."""
+
+    @property
+    def background(self) -> bool:
+        """True when calls run off the caller's thread (results come later)."""
+        ...
+
+    @property
+    def busy(self) -> bool:
+        """Calls submitted whose results were not delivered yet."""
+        ...
+
+    def submit(
+        self, name: str, call: Callable[[], T], done: Callable[[T], object],
+        failed: Callable[[Exception], object],
+    ) -> None:
+        """Run ``call()``; then ``done(result)`` or ``failed(exception)`` on the loop."""
+        ...
+
+    def drain(self, timeout: float) -> bool:
+        """Wait (blocking the caller) until every submitted call ran and its result
+        was delivered; False if ``timeout`` seconds passed first."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def _deliver(
+    name: str, stats: StatsCollector, outcome: tuple[bool, Any],
+    done: Callable[[Any], object], failed: Callable[[Exception], object],
+) -> None:
+    """Hand one outcome to its callback; a callback that raises is logged and counted
+    (the worker's loop must not die of it, and nothing is swallowed silently)."""
+    ok, value = outcome
+    try:
+        if ok:
+            done(value)
+        else:
+            failed(value)
+    except Exception as exc:
+        stats.inc_value(f"redisspine/errors/{name}")
+        logger.error("redisspine: handling the reply of %s failed (%s: %s)", name,
+                     type(exc).__name__, exc)
+        logger.debug("redisspine: %s reply handling", name, exc_info=True)
+
+
+class InlineIO:
+    """Each call at once, on the caller's thread (the behaviour before ThreadIO)."""
+
+    background = False
+    busy = False
+
+    def __init__(self, stats: StatsCollector) -> None:
+        self._stats = stats
+
+    def submit(
+        self, name: str, call: Callable[[], T], done: Callable[[T], object],
+        failed: Callable[[Exception], object],
+    ) -> None:
+        try:
+            outcome: tuple[bool, Any] = (True, call())
+        except Exception as exc:
+            outcome = (False, exc)
+        _deliver(name, self._stats, outcome, done, failed)
+
+    def drain(self, timeout: float) -> bool:
+        return True
+
+    def close(self) -> None:
+        return None
+
+
+class ThreadIO:
+    """Calls on one thread of the worker's own, results delivered on the loop, in
+    submission order.
+
+    Invariant kept: results are delivered in the order their calls were submitted,
+    each exactly once, on the loop's thread (or inline by :meth:`drain`)."""
+
+    background = True
+
+    def __init__(
+        self, stats: StatsCollector, deliver: Callable[[Callable[[], object]], object],
+        *, slow_seconds: float = SLOW_CALL_SECONDS,
+    ) -> None:
+        """``deliver(function)`` runs ``function`` soon on the loop's thread and is
+        safe to call from any thread (``reactor.callFromThread``)."""
+        self._stats = stats
+        self._deliver_soon = deliver
+        self._slow_seconds = slow_seconds
+        self._calls: queue.SimpleQueue[tuple[str, Callable[[], Any], Callable[[Any], object],
+                                             Callable[[Exception], object]] | None]
+        self._calls = queue.SimpleQueue()
+        self._results: collections.deque[tuple[str, tuple[bool, Any], float,
+                                               Callable[[Any], object],
+                                               Callable[[Exception], object]]]
+        self._results = collections.deque()
+        self._pending = 0  # submitted, not delivered (loop thread only)
+        self._ran = threading.Condition()
+        self._slow_logged = float("-inf")
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="redisspine-redis",
+                                        daemon=True)
+        self._thread.start()
+
+    @property
+    def busy(self) -> bool:
+        return self._pending > 0
+
+    def submit(
+        self, name: str, call: Callable[[], T], done: Callable[[T], object],
+        failed: Callable[[Exception], object],
+    ) -> None:
+        if self._closed:  # a timer's last tick after the scheduler closed: at once
+            try:
+                outcome: tuple[bool, Any] = (True, call())
+            except Exception as exc:
+                outcome = (False, exc)
+            _deliver(name, self._stats, outcome, done, failed)
+            return
+        self._pending += 1
+        self._calls.put((name, call, done, failed))
+
+    def _run(self) -> None:
+        while True:
+            job = self._calls.get()
+            if job is None:
+                return
+            name, call, done, failed = job
+            started = time.monotonic()
+            try:
+                outcome: tuple[bool, Any] = (True, call())
+            except Exception as exc:  # delivered to ``failed`` on the loop
+                outcome = (False, exc)
+            took = time.monotonic() - started
+            with self._ran:
+                self._results.append((name, outcome, took, done, failed))
+                self._ran.notify_all()
+            try:
+                self._deliver_soon(self._deliver_ready)
+            except Exception:  # the loop stopped: drain() or close() delivers
+                logger.debug("redisspine: no loop to deliver %s's reply to", name,
+                             exc_info=True)
+
+    def _deliver_ready(self) -> None:
+        """Deliver every result that is in (loop thread)."""
+        while True:
+            with self._ran:
+                if not self._results:
+                    return
+                name, outcome, took, done, failed = self._results.popleft()
+            self._pending -= 1
+            if took >= self._slow_seconds:
+                self._slow(name, took)
+            _deliver(name, self._stats, outcome, done, failed)
+
+    def _slow(self, name: str, took: float) -> None:
+        self._stats.inc_value("redisspine/redis/slow_calls")
+        self._stats.max_value("redisspine/redis/slowest_call_ms", int(took * 1000))
+        now = time.monotonic()
+        if now - self._slow_logged >= _SLOW_LOG_INTERVAL_SECONDS:
+            self._slow_logged = now
+            logger.warning(
+                "redisspine: Redis is slow: %s took %.0f ms (downloads and callbacks go "
+                "on meanwhile; see redisspine/redis/slow_calls)", name, took * 1000,
+            )
+
+    def drain(self, timeout: float) -> bool:
+        """Wait for the calls submitted so far and deliver their results here (the
+        loop's thread: at close, or before a call that must follow them)."""
+        deadline = time.monotonic() + timeout
+        while self._pending:
+            with self._ran:
+                while not self._results:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return False
+                    self._ran.wait(left)
+            self._deliver_ready()
+        return True
+
+    def close(self) -> None:
+        """Stop the thread once the calls queued so far ran (their results are
+        delivered by a last :meth:`drain`, or dropped with the loop)."""
+        if not self._closed:
+            self._closed = True
+            self._calls.put(None)
