@@ -30,6 +30,8 @@ again, so only work resets it, never a worker joining or counting. Once the craw
 idle for idle_close_ms with no live worker producing start requests, the close order
 "idle" is set in control (unless another order is there): every worker closes.
 
+On a replica it answers READONLY (an outage to the worker: no count, no finish).
+
 Returns { status, queued, inflight, starting, ever, shed, idle_ms, close_reason }: status as lib/crawl.lua's
 crawl_status (counts are 0 unless "ok"); starting counts live workers still
 producing start requests; ever is 1 once any request was queued or leased (a crawl
@@ -45,6 +47,15 @@ close_reason the fleet's close order ("" if none).
 local record, queue, inflight, starting, stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local control = KEYS[6]
 local epoch, alive_ms, idle_close_ms = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+-- A write first, which changes nothing and which only a replica refuses (READONLY):
+-- a count read on a demoted primary (a Sentinel failover, while a pooled connection
+-- still points at it; a replica about to resync) must never tell a worker "done".
+-- HDEL is no denyoom command: a full Redis still counts. Other errors (a record of
+-- the wrong type) are crawl_status's to report.
+local probe = redis.pcall("HDEL", record, "")
+if type(probe) == "table" and probe.err and string.find(probe.err, "READONLY", 1, true) then
+    return redis.error_reply(probe.err)
+end
 local status = crawl_status(record, epoch)
 if status ~= "ok" then
     return { status, 0, 0, 0, 0, 0, -1, "" }

@@ -150,3 +150,31 @@ class TestScheduler:
         assert load_config({"REDISSPINE_IDLE_CLOSE_SECONDS": 5}).idle_close_ms == 0
         assert load_config({"REDISSPINE_IDLE_CLOSE_SECONDS": 5,
                             "REDISSPINE_KEEP_ALIVE": True}).idle_close_ms == 5000
+
+
+def test_a_count_on_a_replica_is_refused_never_done() -> None:
+    # A demoted primary (a Sentinel failover, with a pooled connection still on it)
+    # answers reads: its count must not tell a worker the crawl is done.
+    import time
+
+    import redis as redis_py
+
+    from scrapy_redisspine.keys import CrawlKeys as Keys
+    from scrapy_redisspine.testing.redis_server import RedisServer
+
+    keys = Keys("redisspine", "replica-count")
+    with RedisServer() as primary, RedisServer() as replica:
+        writer = Frontier(primary.client(), keys, "w1", "fifo")
+        writer.register(flush=False, alive_ms=ALIVE_MS, spider="s")
+        replica_client = replica.client()
+        replica_client.replicaof("127.0.0.1", primary.port)
+        deadline = time.monotonic() + 20
+        while replica_client.hget(keys.record, "epoch") is None:
+            assert time.monotonic() < deadline, "the replica never synced"
+            time.sleep(0.05)
+        reader = Frontier(replica_client, keys, "w1", "fifo")
+        reader.epoch = writer.epoch
+        with pytest.raises(redis_py.exceptions.ReadOnlyError):
+            reader.fleet_counts(ALIVE_MS)
+        counts = writer.fleet_counts(ALIVE_MS)  # the primary counts as before
+        assert counts.status == "ok"
