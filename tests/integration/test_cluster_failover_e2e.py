@@ -3,8 +3,6 @@ through (MOVED, connections reset) and finishes. Persistence on (``appendonly ye
 
 from __future__ import annotations
 
-import re
-import time
 from typing import TYPE_CHECKING
 
 import pytest
@@ -26,25 +24,9 @@ if TYPE_CHECKING:
 
     from scrapy_redisspine.testing.site import TestSite
     from tests.conftest import SiteFactory
-    from tests.integration.crawlproc import Worker, WorkerResult
+    from tests.integration.crawlproc import Worker
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("outside_any_project")]
-
-_CLOSING = re.compile(r"^(\S+ \S+) \[scrapy\.core\.engine\] INFO: Closing spider \(finished\)",
-                      re.MULTILINE)
-
-
-def _assert_none_finished_early(results: list[WorkerResult], site: TestSite) -> None:
-    """No worker said "finished" while the fleet still had pages to fetch: each one
-    closed after the last fetch began (the log's second resolution, hence 1 s)."""
-    last_start = max(record["start"] for record in site.requests())
-    for result in results:
-        closing = _CLOSING.search(result.log)
-        assert closing is not None, result.log[-2000:]
-        closed_at = time.mktime(time.strptime(closing.group(1), "%Y-%m-%d %H:%M:%S"))
-        assert closed_at >= last_start - 1.0, (
-            f"worker {result.index} closed finished {last_start - closed_at:.0f} s before "
-            f"the fleet's last fetch\n" + result.log[-3000:])
 
 
 def _a_third_of_a_crawl(
@@ -78,7 +60,6 @@ def test_a_manual_failover_of_the_crawls_master_loses_no_request(
         assert fetched_at_failover < total, "the crawl was over before the failover"
         results = wait_workers(workers, timeout=180)
         assert_finished(results)
-        _assert_none_finished_early(results, site)
         twice = assert_all_fetched(site)
         # A reply lost to a reset connection may send a lease back to the queue once.
         assert len(twice) <= 3 * 2, f"pages fetched twice: {twice}"
@@ -105,7 +86,6 @@ def test_a_sentinel_failover_mid_crawl_loses_no_request(
         assert len(site.requests()) < total, "the crawl was over before the failover"
         results = wait_workers(workers, timeout=180)
         assert_finished(results)
-        _assert_none_finished_early(results, site)
         twice = assert_all_fetched(site)
         assert len(twice) <= 3 * 4, f"pages fetched twice: {twice}"
 
@@ -128,6 +108,5 @@ def test_the_crawls_master_killed_mid_crawl_its_replica_takes_over_and_nothing_i
         assert len(site.requests()) < total, "the crawl was over before the failover"
         results = wait_workers(workers, timeout=240)
         assert_finished(results)
-        _assert_none_finished_early(results, site)
         twice = assert_all_fetched(site)
         assert len(twice) <= 3 * 8, f"pages fetched twice: {twice}"
