@@ -77,7 +77,10 @@ def _settings(impl: str, redis_url: str, extra: str) -> dict[str, Any]:
                          "DUPEFILTER_CLASS": "scrapy_redis.dupefilter.RFPDupeFilter"})
     elif impl == "spine":
         settings.update(dict(item.split("=", 1) for item in extra.split(",") if item))
+        # No crawl's loop runs here to take the Redis thread's replies: the scheduler's
+        # own cost is measured with every call on this thread.
         settings.update({"REDISSPINE_REDIS_URL": redis_url, "REDISSPINE_CRAWL_ID": "micro",
+                         "REDISSPINE_REDIS_THREAD": False,
                          "ADDONS": {"scrapy_redisspine.Addon": 0}})
     return settings
 

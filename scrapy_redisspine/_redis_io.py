@@ -49,6 +49,9 @@ T = TypeVar("T")
 
 #: A Redis call slower than this is counted, and said once a minute.
 SLOW_CALL_SECONDS = 0.5
+#: Redis counts as near while its calls take less than this (a moving average):
+#: then the scheduler may wait for a lease reply rather than tell Scrapy it has none.
+NEAR_SECONDS = 0.005
 _SLOW_LOG_INTERVAL_SECONDS = 60.0
 
 
@@ -63,6 +66,11 @@ class RedisIO(Protocol):
     @property
     def busy(self) -> bool:
         """Calls submitted whose results were not delivered yet."""
+        ...
+
+    @property
+    def near(self) -> bool:
+        """Do calls come back within a few milliseconds (a moving average)?"""
         ...
 
     def submit(
@@ -104,6 +112,7 @@ class InlineIO:
 
     background = False
     busy = False
+    near = True
 
     def __init__(self, stats: StatsCollector) -> None:
         self._stats = stats
@@ -154,6 +163,8 @@ class ThreadIO:
         self._ran = threading.Condition()
         self._slow_logged = float("-inf")
         self._closed = False
+        self._recent = 0.0  # moving average of the calls' times (loop thread)
+        self._submitted: collections.deque[float] = collections.deque()  # pending, in order
         self._thread = threading.Thread(target=self._run, name="redisspine-redis",
                                         daemon=True)
         self._thread.start()
@@ -161,6 +172,14 @@ class ThreadIO:
     @property
     def busy(self) -> bool:
         return self._pending > 0
+
+    @property
+    def near(self) -> bool:
+        """Do calls come back fast (Redis on loopback or next door), and is none of
+        those on its way already overdue (a Redis that just froze is not near)?"""
+        if self._recent >= NEAR_SECONDS:
+            return False
+        return not self._submitted or time.monotonic() - self._submitted[0] < 0.05
 
     def submit(
         self, name: str, call: Callable[[], T], done: Callable[[T], object],
@@ -174,6 +193,7 @@ class ThreadIO:
             _deliver(name, self._stats, outcome, done, failed)
             return
         self._pending += 1
+        self._submitted.append(time.monotonic())
         self._calls.put((name, call, done, failed))
 
     def _run(self) -> None:
@@ -205,6 +225,9 @@ class ThreadIO:
                     return
                 name, outcome, took, done, failed = self._results.popleft()
             self._pending -= 1
+            if self._submitted:
+                self._submitted.popleft()
+            self._recent += (took - self._recent) / 8
             if took >= self._slow_seconds:
                 self._slow(name, took)
             _deliver(name, self._stats, outcome, done, failed)

@@ -75,6 +75,9 @@ if TYPE_CHECKING:
     from scrapy.statscollectors import StatsCollector
 
 
+#: Longest a scheduler waits for a lease reply from a near Redis (see next_request).
+NEAR_WAIT_SECONDS = 0.05
+
 logger = logging.getLogger(__name__)
 
 
@@ -347,8 +350,16 @@ class Scheduler(BaseScheduler):
         orders = self.fleet.orders
         if orders.drain or orders.close_reason:
             return None  # unstarted leases go back at close
-        if not self.book.ready and (orders.paused or not self.leaser.lease()):
-            return None
+        if not self.book.ready:
+            if orders.paused:
+                return None
+            if not self.leaser.lease() and self.leaser.in_flight and self.io.near:
+                # A near Redis answers within a millisecond or two: wait for it rather
+                # than return None, which Scrapy takes for an empty scheduler (it then
+                # sends scheduler_empty, and a lazy start() yields its next request).
+                self.io.drain(NEAR_WAIT_SECONDS)
+            if not self.book.ready:
+                return None
         request = self.book.hand_out()
         if request is not None:
             self.stats.inc_value("scheduler/dequeued/redis")
@@ -361,8 +372,9 @@ class Scheduler(BaseScheduler):
         if self.refusal.reason is not None:
             self.refusal.close_soon()
             return True  # until it closes with its reason, never as "finished"
-        if (not self.outbox.empty or self.book.ready or self.config.keep_alive
-                or len(self.local) or self.leaser.in_flight):
+        # (A lease on its way is no work of its own: whatever it may bring is queued
+        # or in flight in Redis, which the count below sees.)
+        if not self.outbox.empty or self.book.ready or self.config.keep_alive or len(self.local):
             return True
         if self.fleet.orders.stop_leasing:
             return True  # paused: wait for resume; draining: the heartbeat closes
