@@ -53,8 +53,9 @@ local epoch, alive_ms, idle_close_ms = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV
 -- HDEL is no denyoom command: a full Redis still counts. Other errors (a record of
 -- the wrong type) are crawl_status's to report.
 local probe = redis.pcall("HDEL", record, "")
-if type(probe) == "table" and probe.err and string.find(probe.err, "READONLY", 1, true) then
-    return redis.error_reply(probe.err)
+local readonly = type(probe) == "table" and probe.err and string.find(probe.err, "READONLY", 1, true)
+if readonly then  -- (Redis 6.2 puts "@user_script: N: -" in front: the reply starts at it)
+    return redis.error_reply(string.sub(probe.err, readonly))
 end
 local status = crawl_status(record, epoch)
 if status ~= "ok" then
