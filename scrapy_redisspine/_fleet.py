@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from scrapy_redisspine._clock import Periodic
 from scrapy_redisspine._guard import CALL_ERRORS
-from scrapy_redisspine._redis_io import InlineIO
+from scrapy_redisspine._redis_io import InlineIO, reported
 from scrapy_redisspine.control import Orders, read_orders
 from scrapy_redisspine.frontier import Heartbeat
 
@@ -193,14 +193,10 @@ class FleetMember:
                 orders = exc
             return beat, orders
 
-        def failed(exc: Exception) -> None:
-            self._beating = False
-            if not isinstance(exc, CALL_ERRORS):
-                raise exc
-            self._guard.failed("heartbeat", exc)
-
         self._beating = True
-        self._io.submit("heartbeat", call, lambda reply: self._beaten(starting, *reply), failed)
+        self._io.submit("heartbeat", call, lambda reply: self._beaten(starting, *reply),
+                        reported(self._guard, "heartbeat",
+                                 lambda: setattr(self, "_beating", False)))
 
     def _beaten(self, starting: bool, beat: Heartbeat, orders: Orders | Exception) -> None:
         self._beating = False
@@ -275,11 +271,6 @@ class FleetMember:
         if handles:
             frontier, guard = self._frontier, self._guard
 
-            def failed(exc: Exception) -> None:
-                if not isinstance(exc, CALL_ERRORS):
-                    raise exc
-                guard.failed("release", exc)
-
             self._io.submit("release", lambda: frontier.release(handles),
                             lambda released: guard.repaired("release", released.repairs),
-                            failed)
+                            reported(guard, "release"))

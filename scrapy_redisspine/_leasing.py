@@ -25,7 +25,7 @@ import redis
 
 from scrapy_redisspine._guard import CALL_ERRORS
 from scrapy_redisspine._local import marker_reason
-from scrapy_redisspine._redis_io import InlineIO
+from scrapy_redisspine._redis_io import InlineIO, reported
 from scrapy_redisspine.request_codec import RequestDecodeError
 
 if TYPE_CHECKING:
@@ -305,13 +305,10 @@ class Leaser:
             self._stats.inc_value("redisspine/scheduler/undecodable")
             frontier, guard = self._frontier, self._guard
 
-            def failed(exc: Exception) -> None:  # the lease stays in flight: a sweep
-                if not isinstance(exc, CALL_ERRORS):  # returns it
-                    raise exc
-                guard.failed("bury", exc)
-
+            # failing, the lease stays in flight: a sweep returns it
             self._io.submit("bury", lambda: frontier.bury(handle, reason),
-                            lambda buried: guard.repaired("bury", buried.repairs), failed)
+                            lambda buried: guard.repaired("bury", buried.repairs),
+                            reported(guard, "bury"))
             return
         if lease.requeues:
             request.meta["redisspine_requeues"] = lease.requeues

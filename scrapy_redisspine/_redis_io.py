@@ -38,10 +38,14 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from scrapy_redisspine._guard import CALL_ERRORS
+
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from scrapy.statscollectors import StatsCollector
+
+    from scrapy_redisspine._guard import RedisGuard
 
 logger = logging.getLogger("scrapy_redisspine.scheduler")
 
@@ -105,6 +109,22 @@ def _deliver(
         logger.error("redisspine: handling the reply of %s failed (%s: %s)", name,
                      type(exc).__name__, exc)
         logger.debug("redisspine: %s reply handling", name, exc_info=True)
+
+
+def reported(
+    guard: RedisGuard, operation: str, after: Callable[[], object] = lambda: None
+) -> Callable[[Exception], None]:
+    """The usual ``failed`` of a submitted call: ``after()`` (e.g. clear the part's
+    call-on-its-way flag), then a Redis error goes to the guard (breaker, back-off,
+    reconciliation) and anything else is raised, for :func:`_deliver` to log and count."""
+
+    def failed(exc: Exception) -> None:
+        after()
+        if not isinstance(exc, CALL_ERRORS):
+            raise exc
+        guard.failed(operation, exc)
+
+    return failed
 
 
 class InlineIO:

@@ -42,7 +42,7 @@ from scrapy_redisspine import signals
 from scrapy_redisspine._clock import Clock, CrawlClock, Periodic
 from scrapy_redisspine._components import component_config
 from scrapy_redisspine._guard import CALL_ERRORS
-from scrapy_redisspine._redis_io import InlineIO
+from scrapy_redisspine._redis_io import InlineIO, reported
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -334,16 +334,11 @@ class FleetLog:
             return
         upkeep, timeout_ms = worker.upkeep, self.config.worker_timeout_ms
 
-        def failed(exc: Exception) -> None:
-            self._reading = False
-            if not isinstance(exc, CALL_ERRORS):
-                raise exc
-            worker.guard.failed("fleet_log", exc)
-
         self._reading = True
         (worker.io or InlineIO(self.stats)).submit(
             "fleet log", lambda: (*upkeep.counts(), upkeep.workers_alive(timeout_ms)),
-            lambda reply: self._said(*reply), failed)
+            lambda reply: self._said(*reply),
+            reported(worker.guard, "fleet_log", lambda: setattr(self, "_reading", False)))
 
     def _said(self, queued: int, inflight: int, alive: int) -> None:
         self._reading = False

@@ -23,8 +23,7 @@ from scrapy import signals as scrapy_signals
 from scrapy_redisspine import signals
 from scrapy_redisspine._clock import Clock, CrawlClock, Periodic
 from scrapy_redisspine._components import component_config
-from scrapy_redisspine._guard import CALL_ERRORS
-from scrapy_redisspine._redis_io import InlineIO
+from scrapy_redisspine._redis_io import InlineIO, reported
 from scrapy_redisspine.control import StatsPusher
 
 if TYPE_CHECKING:
@@ -109,12 +108,7 @@ class FleetTotals:
                 self.stats.inc_value("redisspine/fleet_stats/skipped")
             worker.guard.succeeded("fleet_stats")
 
-        def failed(exc: Exception) -> None:
-            self._pushing = False
-            if not isinstance(exc, CALL_ERRORS):
-                raise exc
-            worker.guard.failed("fleet_stats", exc)
-
         self._pushing = True
         (worker.io or InlineIO(self.stats)).submit(
-            "fleet totals", lambda: pusher.push(snapshot, final=final), pushed, failed)
+            "fleet totals", lambda: pusher.push(snapshot, final=final), pushed,
+            reported(worker.guard, "fleet_stats", lambda: setattr(self, "_pushing", False)))

@@ -36,8 +36,7 @@ from scrapy.exceptions import NotConfigured
 from scrapy_redisspine import signals
 from scrapy_redisspine._clock import Clock, CrawlClock, Periodic
 from scrapy_redisspine._components import component_config
-from scrapy_redisspine._guard import CALL_ERRORS
-from scrapy_redisspine._redis_io import InlineIO
+from scrapy_redisspine._redis_io import InlineIO, reported
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
@@ -116,15 +115,9 @@ class FleetLimits:
                 self._timer.stop()
                 worker.close_ordered(reason)
 
-        def failed(exc: Exception) -> None:
-            self._checking = False
-            if not isinstance(exc, CALL_ERRORS):
-                raise exc
-            worker.guard.failed("limits", exc)
-
         self._checking = True
         (worker.io or InlineIO(self.stats)).submit("limits", lambda: upkeep.count_limits(
             items, errors, item_limit=config.closespider_itemcount,
             error_limit=config.closespider_errorcount,
             timeout_ms=int(config.closespider_timeout * 1000),
-        ), counted, failed)
+        ), counted, reported(worker.guard, "limits", lambda: setattr(self, "_checking", False)))
