@@ -275,8 +275,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fanout", type=int, default=5)
     parser.add_argument("--latency", type=float, default=0.02, help="site seconds/response")
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--rtt-ms", type=float, default=0.0,
-                        help="also run the Redis modes with this RTT added by a proxy")
+    parser.add_argument("--rtt-ms", default="",
+                        help="also run the Redis modes with this RTT added by a proxy; "
+                        "several, comma-separated (e.g. 1,5,20), run interleaved")
     parser.add_argument("--proxy-delay-ms", type=float, default=None,
                         help="the proxy's one-way delay (default: half of --rtt-ms); the "
                         "proxy itself adds ~0.25 ms per round trip, see measured_rtt_ms")
@@ -285,8 +286,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     modes = [m for m in args.modes.split(",") if m]
     plan = [(mode, 0.0) for mode in modes]
-    if args.rtt_ms:
-        plan += [(mode, args.rtt_ms) for mode in modes if mode != "scrapy"]
+    for rtt_ms in (float(value) for value in str(args.rtt_ms).split(",") if value):
+        plan += [(mode, rtt_ms) for mode in modes if mode != "scrapy" and rtt_ms]
     results = []
     for rep in range(args.runs):
         for mode, rtt in plan:

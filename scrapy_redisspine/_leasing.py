@@ -156,8 +156,13 @@ class Leaser:
 
     def asked(self) -> None:
         """The engine asked for a request (next_request), whether one was ready or
-        not: what it asks for while a lease is on its way is the lease-ahead."""
-        if self._in_flight:
+        not: what it asks for while a lease is on its way is the lease-ahead.
+
+        Not while start requests are still being consumed: then Scrapy asks again
+        after each None (a lazy start() yields one request per scheduler_empty), and
+        a request leased ahead could go before a start or callback request of higher
+        priority that Scrapy's own scheduler would have sent first."""
+        if self._in_flight and not (self._engine is not None and self._engine.starting()):
             self._asked_in_flight += 1
 
     @property

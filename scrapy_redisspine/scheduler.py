@@ -361,10 +361,13 @@ class Scheduler(BaseScheduler):
         if not self.book.ready:
             if orders.paused:
                 return None
-            if not self.leaser.lease() and self.leaser.in_flight and self.io.near:
-                # A near Redis answers within a millisecond or two: wait for it rather
-                # than return None, which Scrapy takes for an empty scheduler (it then
-                # sends scheduler_empty, and a lazy start() yields its next request).
+            if (not self.leaser.lease() and self.leaser.in_flight and self.io.near
+                    and self.engine is not None and self.engine.starting()):
+                # While start requests are still being consumed, a None is taken for an
+                # empty scheduler (Scrapy sends scheduler_empty, and a lazy start()
+                # yields its next request out of order): wait for a near Redis, which
+                # answers within a millisecond or two. After the start, a None costs
+                # nothing (the reply wakes the engine) and waiting would hold the loop.
                 self.io.drain(NEAR_WAIT_SECONDS)
             if not self.book.ready:
                 return None

@@ -56,9 +56,14 @@ class Engine:
     def __init__(self, free: int) -> None:
         self.free = free
         self.wakes = 0
+        self.start_left = False
 
     def free_download_slots(self) -> int:
         return self.free
+
+    def starting(self) -> bool:
+        return self.start_left
+
 
     def wake(self) -> None:
         self.wakes += 1
@@ -160,3 +165,19 @@ def test_the_lease_ahead_never_exceeds_a_batch(stats: MemoryStatsCollector) -> N
         _round(leaser, io, asks=500)
     assert leaser.ahead == 20
     assert max(frontier.asked) == 20
+
+
+def test_nothing_is_learnt_while_start_requests_are_consumed(
+    stats: MemoryStatsCollector,
+) -> None:
+    """Scrapy asks again after each None while its start is lazy: those asks are no
+    demand, and a request leased ahead could pass a start request of higher priority."""
+    io, frontier, engine = ManualIO(), QueueFrontier(1000), Engine(free=1)
+    leaser, book = _leaser(io, frontier, engine, stats)
+    engine.start_left = True
+    for _ in range(8):
+        while book.ready:
+            book.hand_out()
+        _round(leaser, io, asks=5)
+    assert leaser.ahead == 0
+    assert set(frontier.asked) == {1}
