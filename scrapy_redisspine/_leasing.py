@@ -40,8 +40,9 @@ if TYPE_CHECKING:
     from scrapy_redisspine._local import LocalQueue
     from scrapy_redisspine._outbox import Outbox, Sending
     from scrapy_redisspine._redis_io import RedisIO
-    from scrapy_redisspine.frontier import Count, EnqueueResult, Frontier, Lease, LeaseBatch
+    from scrapy_redisspine.frontier import Count, EnqueueResult, Lease, LeaseBatch
     from scrapy_redisspine.request_codec import RequestCodec
+    from scrapy_redisspine.sharded import AnyFrontier
 
 logger = logging.getLogger("scrapy_redisspine.scheduler")
 
@@ -57,7 +58,7 @@ class Leaser:
     def __init__(
         self,
         *,
-        frontier: Frontier,
+        frontier: AnyFrontier,
         outbox: Outbox,
         book: LeaseBook,
         guard: RedisGuard,

@@ -240,6 +240,12 @@ class CrawlKeys:
                     f"group {self.group!r} must not contain {char!r}: braces delimit the "
                     "Redis Cluster hash tag"
                 )
+        if "/" in self.crawl_id:
+            raise ValueError(
+                f"crawl id {self.crawl_id!r} must not contain '/': a sharded crawl's "
+                "hash tags are '{crawl id/shard}', which another crawl's id with a '/' "
+                "could equal"
+            )
 
     def tag(self) -> str:
         """The hash tag of this view's frontier keys (the crawl id, or ``C/shard``)."""

@@ -119,6 +119,12 @@ class ShardedFrontier:
     def epoch(self) -> str:
         return self.crawl.epoch
 
+    @epoch.setter
+    def epoch(self, epoch: str) -> None:
+        """The crawl's identity, for a handle that did not register (a feed drain)."""
+        for part in (self.crawl, *self.shards):
+            part.epoch = part.upkeep.epoch = epoch
+
     # -- the crawl-wide calls ------------------------------------------------------------
 
     def register(self, *, flush: bool, alive_ms: int, spider: str = "") -> Registration:
@@ -358,3 +364,7 @@ class ShardedFrontier:
         for shard in self.shards:
             seen.setdefault(key(shard.keys), shard)
         return list(seen.values())
+
+
+#: What a worker's parts hold: one crawl's frontier, sharded or not (``_joining``).
+AnyFrontier = Frontier | ShardedFrontier
