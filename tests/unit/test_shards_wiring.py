@@ -1,0 +1,271 @@
+"""REDISSPINE_SHARDS in a Scrapy worker: the scheduler joins through a ShardedFrontier,
+and everything a worker does (leases and acks, the count that finishes the crawl,
+the Recovery sweep, the dedup record's upkeep, the feed drain, the fleet's counters)
+spans the shards; what cannot work sharded yet is refused at open in one line.
+
+Each scheduler test runs on fakeredis and on the real redis-server.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from scrapy import Request
+
+from scrapy_redisspine.extension import Recovery
+from scrapy_redisspine.frontier import NewRequest
+from scrapy_redisspine.keys import CrawlKeys, shard_of
+from scrapy_redisspine.pushing import PushOptions, push_frontier
+from scrapy_redisspine.sharded import ShardedFrontier
+from scrapy_redisspine.sharded_upkeep import ShardedUpkeep, sharded_upkeep
+from tests.unit.conftest import clock_of, engine_of, finish, next_request, pending
+
+if TYPE_CHECKING:
+    import redis
+    from twisted.internet import task
+
+    from scrapy_redisspine.scheduler import Scheduler
+    from tests.unit.conftest import MakeScheduler
+
+SHARDS = 3
+KEYS = CrawlKeys("redisspine", "test", shards=SHARDS)
+FAST = {
+    "REDISSPINE_SHARDS": SHARDS, "REDISSPINE_WORKER_TIMEOUT_SECONDS": 2,
+    "REDISSPINE_HEARTBEAT_SECONDS": 1, "REDISSPINE_SWEEP_SECONDS": 1,
+}
+
+
+def _lanes(per_shard: int = 1) -> dict[int, list[str]]:
+    found: dict[int, list[str]] = {index: [] for index in range(SHARDS)}
+    n = 0
+    while any(len(lanes) < per_shard for lanes in found.values()):
+        lane = f"h{n}.example"
+        if len(found[shard_of(lane, SHARDS)]) < per_shard:
+            found[shard_of(lane, SHARDS)].append(lane)
+        n += 1
+    return found
+
+
+def _one_lane_per_shard() -> list[str]:
+    return [lanes[0] for lanes in _lanes().values()]
+
+
+def _errors(caplog: pytest.LogCaptureFixture) -> list[str]:
+    assert not any(record.exc_info for record in caplog.records), "no traceback"
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+def _refused_with(scheduler: Scheduler, caplog: pytest.LogCaptureFixture, reason: str,
+                  *said: str) -> None:
+    (line,) = _errors(caplog)
+    for text in said:
+        assert text in line, line
+    engine = engine_of(scheduler)
+    assert engine.failed, "the process exits non-zero"
+    assert scheduler.has_pending_requests(), "never idle: never 'finished'"
+    clock_of(scheduler).advance(0)
+    assert engine.closed == [reason]
+
+
+def _dead_worker_holding(client: redis.Redis, lanes: list[str], name: str = "dead") -> None:
+    """A worker that leased one request of each lane and stopped heartbeating."""
+    dead = ShardedFrontier(client, KEYS, name, concurrency=10)
+    dead.register(flush=False, alive_ms=2000, spider="sched")
+    dead.enqueue([NewRequest(f"https://{lane}/{name}".encode(), f"fp-{lane}-{name}".encode(),
+                             lane=lane) for lane in lanes])
+    assert len(dead.lease(len(lanes)).leases) == len(lanes)
+    seconds, micros = client.time()
+    client.zadd(KEYS.workers, {name: seconds * 1000 + micros // 1000 - 60_000})
+
+
+def _queued(client: redis.Redis) -> list[int]:
+    return [int(client.zcard(view.queue)) for view in KEYS.shard_views()]
+
+
+def test_a_sharded_worker_crawls_through_every_shard_and_finishes(
+    make_scheduler: MakeScheduler, client: redis.Redis,
+) -> None:
+    worker = make_scheduler("w1", free_slots=4, **FAST)
+    assert isinstance(worker.frontier, ShardedFrontier)
+    assert isinstance(worker.view.upkeep, ShardedUpkeep)
+    assert client.hget(KEYS.record, "shards") == str(SHARDS).encode()
+    lanes = _one_lane_per_shard()
+    for lane in lanes:
+        assert worker.enqueue_request(Request(f"https://{lane}/start"))
+    worker.outbox.try_flush()
+    assert _queued(client) == [1, 1, 1], "each request in its lane's shard"
+    assert not client.exists(KEYS.queue), "the crawl-wide queue stays unused"
+    fetched = []
+    while (request := next_request(worker)) is not None:
+        fetched.append(request.url)
+        finish(worker, request)
+    assert sorted(fetched) == sorted(f"https://{lane}/start" for lane in lanes)
+    assert not pending(worker), "the count over every shard says the crawl is done"
+    acked = [int(client.hget(view.stats, "acked") or 0) for view in KEYS.shard_views()]
+    assert acked == [1, 1, 1]
+
+
+def test_a_worker_with_another_number_of_shards_is_refused_naming_both(
+    make_scheduler: MakeScheduler, caplog: pytest.LogCaptureFixture,
+) -> None:
+    make_scheduler("w1", **FAST)
+    with caplog.at_level(logging.INFO, logger="scrapy_redisspine"):
+        other = make_scheduler("w2", REDISSPINE_SHARDS=2)
+    _refused_with(other, caplog, "redisspine_crawl_conflict",
+                  f"REDISSPINE_SHARDS = {SHARDS}", "REDISSPINE_SHARDS = 2")
+
+
+def test_an_unsharded_worker_on_a_sharded_crawl_is_refused(
+    make_scheduler: MakeScheduler, caplog: pytest.LogCaptureFixture,
+) -> None:
+    make_scheduler("w1", **FAST)
+    with caplog.at_level(logging.INFO, logger="scrapy_redisspine"):
+        other = make_scheduler("w2")
+    _refused_with(other, caplog, "redisspine_crawl_conflict",
+                  f"REDISSPINE_SHARDS = {SHARDS}", "REDISSPINE_SHARDS = 1")
+
+
+@pytest.mark.parametrize(
+    ("settings", "said"),
+    [
+        pytest.param({"REDISSPINE_CRAWL_ID": "a/b"}, ("'a/b'", "'/'"), id="slash"),
+        pytest.param({**FAST, "CLOSESPIDER_PAGECOUNT": 10},
+                     ("CLOSESPIDER_PAGECOUNT = 10", "REDISSPINE_SHARDS = 3"), id="pagecount"),
+        pytest.param({**FAST, "REDISSPINE_PERSIST": False},
+                     ("REDISSPINE_PERSIST = False", "REDISSPINE_SHARDS = 3"), id="persist"),
+        pytest.param({**FAST, "REDISSPINE_ITEMS": True},
+                     ("REDISSPINE_ITEMS", "REDISSPINE_SHARDS = 3"), id="items"),
+    ],
+)
+def test_what_a_sharded_crawl_cannot_do_yet_is_refused_at_open(
+    make_scheduler: MakeScheduler, caplog: pytest.LogCaptureFixture, client: redis.Redis,
+    settings: dict[str, Any], said: tuple[str, ...],
+) -> None:
+    with caplog.at_level(logging.INFO, logger="scrapy_redisspine"):
+        worker = make_scheduler("w1", **settings)
+    _refused_with(worker, caplog, "redisspine_config_error", *said)
+    assert not client.keys("*"), "nothing written"
+
+
+def test_a_per_process_page_count_works_sharded(make_scheduler: MakeScheduler) -> None:
+    worker = make_scheduler("w1", **FAST, CLOSESPIDER_PAGECOUNT=10,
+                            REDISSPINE_CLOSESPIDER_PER_PROCESS=True)
+    assert isinstance(worker.frontier, ShardedFrontier)
+    assert worker.refusal.reason is None
+
+
+@pytest.mark.parametrize("value", [0, -1, "three", 1.5])
+def test_a_bad_number_of_shards_is_a_config_error(
+    clock: task.Clock, caplog: pytest.LogCaptureFixture, value: object,
+) -> None:
+    from scrapy.utils.test import get_crawler
+
+    from scrapy_redisspine.scheduler import Scheduler
+    from tests.unit.conftest import FakeEngine, SchedSpider
+
+    crawler = get_crawler(SchedSpider, {"REDISSPINE_SHARDS": value})
+    scheduler = Scheduler.from_crawler(crawler, engine=FakeEngine(), clock=clock)
+    with caplog.at_level(logging.INFO, logger="scrapy_redisspine"):
+        scheduler.open(SchedSpider())
+    _refused_with(scheduler, caplog, "redisspine_config_error", "REDISSPINE_SHARDS")
+    scheduler.close("redisspine_config_error")
+
+
+def test_the_sweep_takes_a_dead_workers_leases_back_in_every_shard(
+    make_scheduler: MakeScheduler, client: redis.Redis,
+) -> None:
+    lanes = _one_lane_per_shard()
+    _dead_worker_holding(client, lanes)
+    worker = make_scheduler("w1", **FAST)
+    recovery = Recovery(worker.config, worker.stats, clock=clock_of(worker))
+    recovery.worker_opened(worker.view)
+    try:
+        for _ in range(4):
+            clock_of(worker).advance(1)
+    finally:
+        recovery.spider_closed()
+    assert _queued(client) == [1, 1, 1]
+    assert worker.stats.get_value("redisspine/recovery/requeued") == SHARDS
+    assert worker.stats.get_value("redisspine/fleet/requeued") == SHARDS, "summed over shards"
+    assert client.zscore(KEYS.workers, "dead") is None, "forgotten once every shard swept"
+
+
+def test_unindexed_leases_are_repaired_in_every_shard(
+    make_scheduler: MakeScheduler, client: redis.Redis,
+) -> None:
+    lanes = _one_lane_per_shard()
+    _dead_worker_holding(client, lanes)
+    for view in KEYS.shard_views():  # no sweep finds these any more
+        client.delete(view.owned, view.leases)
+    worker = make_scheduler("w1", **FAST)
+    recovery = Recovery(worker.config, worker.stats, clock=clock_of(worker))
+    recovery.worker_opened(worker.view)
+    try:
+        for _ in range(3 + 2 * SHARDS):  # one step per sweep, a shard after the other
+            clock_of(worker).advance(1)
+    finally:
+        recovery.spider_closed()
+    assert _queued(client) == [1, 1, 1]
+    assert worker.stats.get_value("redisspine/recovery/unindexed") == SHARDS
+
+
+def test_the_unindexed_cursor_walks_the_shards_one_pass(client: redis.Redis) -> None:
+    upkeep = sharded_upkeep(client, KEYS, "tool")
+    cursors = []
+    cursor = "0"
+    for _ in range(10 * SHARDS):
+        cursor = upkeep.repair_unindexed(cursor, 10, timeout_ms=1000, max_requeues=3).cursor
+        cursors.append(cursor)
+        if cursor == "0":
+            break
+    assert cursors[-1] == "0", "a pass ends"
+    shards = [int(step.partition(":")[0]) for step in cursors[:-1]]
+    assert shards == sorted(shards), "the shards one after the other"
+    assert {*shards, 0} == set(range(SHARDS)), "every shard"
+    assert "1:0" in cursors
+    assert "2:0" in cursors
+    again = upkeep.repair_unindexed("junk", 10, timeout_ms=1000, max_requeues=3).cursor
+    assert again == cursors[0], "a cursor of no shard starts a pass again"
+
+
+def test_a_group_sweep_of_a_sharded_crawl_sweeps_its_shards(client: redis.Redis) -> None:
+    lanes = _one_lane_per_shard()
+    _dead_worker_holding(client, lanes)
+    other = CrawlKeys("redisspine", "other")
+    from scrapy_redisspine.frontier import Frontier
+
+    sweeper = Frontier(client, other, "sweeper")
+    sweeper.register(flush=False, alive_ms=2000, spider="sched")
+    found = sweeper.upkeep.of_crawl("test")
+    assert isinstance(found, ShardedUpkeep)
+    result = found.requeue_stale(timeout_ms=2000, ceiling_ms=0, max_requeues=3)
+    assert result.requeued == SHARDS
+    assert _queued(client) == [1, 1, 1]
+
+
+def test_the_dupefilter_keeps_every_shards_record(make_scheduler: MakeScheduler) -> None:
+    from scrapy_redisspine.dupefilter import RedisDupeFilter
+
+    worker = make_scheduler("w1", **FAST)
+    assert isinstance(worker.df, RedisDupeFilter)
+    assert [dedup.keys.seen for dedup in worker.df.dedups] == [
+        view.seen for view in KEYS.shard_views()]
+    turns = []
+    for _ in range(SHARDS + 1):
+        assert worker.df.dedup is not None
+        turns.append(worker.df.dedup.keys.seen)
+        worker.df._next_tick(worker.df.maintain())
+    assert turns == [*(view.seen for view in KEYS.shard_views()), KEYS.shard_view(0).seen]
+    with pytest.raises(RuntimeError, match="sharded"):
+        worker.df.request_seen(Request("https://example.com/"))
+
+
+def test_a_push_into_a_sharded_crawl_routes_by_lane(client: redis.Redis) -> None:
+    frontier = push_frontier(client, KEYS, PushOptions())
+    assert isinstance(frontier, ShardedFrontier)
+    lanes = _one_lane_per_shard()
+    frontier.push([NewRequest(f"https://{lane}/".encode(), f"fp-{lane}".encode(), lane=lane)
+                   for lane in lanes])
+    assert _queued(client) == [1, 1, 1]
