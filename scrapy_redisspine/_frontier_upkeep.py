@@ -64,6 +64,7 @@ EXPECTED_TYPES = {
     "lane_throttle": b"hash",
     "lane_pages": b"hash",
     "items": b"stream",
+    "page_holds": b"hash",
 }
 
 

@@ -83,7 +83,8 @@ def join(config: SpineConfig, crawl_id: str, spider: str, worker_id: str) -> Joi
         "min_delay_ms": int(config.download_delay * 1000),
     }
     frontier: AnyFrontier = (
-        ShardedFrontier(connection.client, keys, worker_id, config.queue_order, **options)
+        ShardedFrontier(connection.client, keys, worker_id, config.queue_order,
+                        holder_timeout_ms=config.worker_timeout_ms, **options)
         if config.shards > 1
         else Frontier(connection.client, keys, worker_id, config.queue_order, **options))
     try:
@@ -123,11 +124,6 @@ def _unsupported_with_shards(config: SpineConfig) -> str:
     """What a sharded crawl cannot do yet, as the one line that refuses it ("": none)."""
     if config.shards == 1:
         return ""
-    if config.closespider_pagecount and not config.closespider_per_process:
-        return (f"CLOSESPIDER_PAGECOUNT = {config.closespider_pagecount} counts fleet-wide, "
-                f"which REDISSPINE_SHARDS = {config.shards} does not support yet (each "
-                f"shard would count its own pages); use REDISSPINE_SHARDS = 1, or "
-                f"REDISSPINE_CLOSESPIDER_PER_PROCESS = True for a per-worker page count")
     if not config.persist:
         return (f"REDISSPINE_PERSIST = False is not supported with REDISSPINE_SHARDS = "
                 f"{config.shards} yet (the last worker's delete spans one hash tag); keep "

@@ -168,8 +168,6 @@ def test_a_worker_with_another_number_of_shards_is_refused_in_one_line(
         pytest.param({"REDISSPINE_SHARDS": 0}, ("REDISSPINE_SHARDS",), id="zero-shards"),
         pytest.param({"REDISSPINE_SHARDS": "many"}, ("REDISSPINE_SHARDS",), id="not-a-number"),
         pytest.param({"REDISSPINE_CRAWL_ID": "a/b"}, ("'a/b'", "'/'"), id="slash-in-crawl-id"),
-        pytest.param({"REDISSPINE_SHARDS": 2, "CLOSESPIDER_PAGECOUNT": 5},
-                     ("CLOSESPIDER_PAGECOUNT", "REDISSPINE_SHARDS = 2"), id="pagecount"),
     ],
 )
 def test_a_setting_a_sharded_crawl_cannot_take_is_refused_at_open(
@@ -177,3 +175,31 @@ def test_a_setting_a_sharded_crawl_cannot_take_is_refused_at_open(
 ) -> None:
     [result] = fleet.run(1, fleet.crawling(test_site, **extra), timeout=60)
     _refused(result, "redisspine_config_error", *said)
+
+
+def test_closespider_pagecount_holds_fleet_wide_over_shards(
+    fleet: Fleet, site_factory: SiteFactory, redis_url: str,
+) -> None:
+    budget = 60
+    site = site_factory(hosts=6, pages_per_host=40, latency=0.1)
+    settings = fleet.crawling(site, REDISSPINE_SHARDS=3, CLOSESPIDER_PAGECOUNT=budget,
+                              CONCURRENT_REQUESTS=4, REDISSPINE_HOST_CONCURRENCY=2,
+                              REDISSPINE_HEARTBEAT_SECONDS=0.3,
+                              REDISSPINE_WORKER_TIMEOUT_SECONDS=1.5)
+    results = fleet.run(3, settings, timeout=120)
+    assert_finished(results, reason="closespider_pagecount")
+    keys = _sharded(fleet.keys, 3)
+    client = client_from_url(redis_url)
+    try:
+        leased = sum(int(client.hget(view.stats, "leased") or 0) for view in keys.shard_views())
+        held = client.hlen(keys.page_holds)
+    finally:
+        client.close()
+    assert leased == budget, "every page of the budget leased, none more"
+    assert held == 0, "every hold settled"
+    served = sum(site.fetch_counts().values())
+    assert served <= budget, f"the site served {served} pages for a budget of {budget}"
+    assert len(site.all_urls()) > served, "the site must be bigger than the budget"
+    per_worker = [int(r.stats.get("response_received_count", 0)) for r in results]
+    assert sum(1 for pages in per_worker if pages) >= 2, (
+        f"pages per worker {per_worker}: the budget was not shared by the fleet")

@@ -131,8 +131,6 @@ def test_an_unsharded_worker_on_a_sharded_crawl_is_refused(
     ("settings", "said"),
     [
         pytest.param({"REDISSPINE_CRAWL_ID": "a/b"}, ("'a/b'", "'/'"), id="slash"),
-        pytest.param({**FAST, "CLOSESPIDER_PAGECOUNT": 10},
-                     ("CLOSESPIDER_PAGECOUNT = 10", "REDISSPINE_SHARDS = 3"), id="pagecount"),
         pytest.param({**FAST, "REDISSPINE_PERSIST": False},
                      ("REDISSPINE_PERSIST = False", "REDISSPINE_SHARDS = 3"), id="persist"),
         pytest.param({**FAST, "REDISSPINE_ITEMS": True},
@@ -269,3 +267,115 @@ def test_a_push_into_a_sharded_crawl_routes_by_lane(client: redis.Redis) -> None
     frontier.push([NewRequest(f"https://{lane}/".encode(), f"fp-{lane}".encode(), lane=lane)
                    for lane in lanes])
     assert _queued(client) == [1, 1, 1]
+
+
+# -- CLOSESPIDER_PAGECOUNT over shards (take_pages.lua) ------------------------------
+
+
+def _budgeted(client: redis.Redis, worker: str, budget: int) -> ShardedFrontier:
+    frontier = ShardedFrontier(client, KEYS, worker, concurrency=100, page_budget=budget,
+                               holder_timeout_ms=2000)
+    frontier.register(flush=False, alive_ms=2000, spider="sched")
+    return frontier
+
+
+def _fill(frontier: ShardedFrontier, per_lane: int = 10) -> None:
+    frontier.enqueue([NewRequest(f"https://{lane}/{n}".encode(), f"fp-{lane}-{n}".encode(),
+                                 lane=lane)
+                      for lane in _one_lane_per_shard() for n in range(per_lane)])
+
+
+def _leased(client: redis.Redis) -> int:
+    return sum(int(client.hget(view.stats, "leased") or 0) for view in KEYS.shard_views())
+
+
+def test_the_page_budget_spans_the_shards_and_closes_the_crawl(client: redis.Redis) -> None:
+    frontier = _budgeted(client, "w1", 5)
+    _fill(frontier)
+    assert len(frontier.lease(3).leases) == 3
+    last = frontier.lease(10)
+    assert len(last.leases) == 2, "what is left of the budget"
+    spent = frontier.lease(10)
+    assert (spent.leases, spent.close_reason) == ([], "closespider_pagecount")
+    assert _leased(client) == 5
+    assert client.hget(KEYS.control, "close_reason") == b"closespider_pagecount"
+    assert not client.exists(KEYS.page_holds), "every hold settled"
+
+
+def test_a_hold_not_leased_goes_back_and_no_close_while_one_is_open(
+    client: redis.Redis,
+) -> None:
+    first, second = _budgeted(client, "w1", 6), _budgeted(client, "w2", 6)
+    _fill(first, per_lane=1)  # 3 requests: a hold of 6 leases only 3
+    assert len(first.lease(6).leases) == 3
+    assert int(client.hget(KEYS.stats, "pages_taken") or 0) == 3, "3 went back"
+    _fill(second, per_lane=5)
+    assert first._take_pages(2)[0] == 2  # first holds 2 (a lease under way)
+    got = second.lease(10)
+    assert len(got.leases) == 1, "the budget less what is leased and held"
+    waiting = second.lease(10)
+    assert (waiting.leases, waiting.close_reason) == ([], ""), "no close: a hold is open"
+    first._unsettled = 0  # its lease gave nothing: the 2 go back
+    first._settle()
+    assert len(second.lease(10).leases) == 2
+    assert second.lease(10).close_reason == "closespider_pagecount"
+    assert _leased(client) == 6
+
+
+def test_a_dead_holders_pages_stay_spent_the_budget_is_never_overspent(
+    client: redis.Redis,
+) -> None:
+    dead, alive = _budgeted(client, "dead", 5), _budgeted(client, "alive", 5)
+    _fill(alive)
+    assert dead._take_pages(3)[0] == 3  # then it dies before its lease and settle
+    seconds, micros = client.time()
+    client.zadd(KEYS.workers, {"dead": seconds * 1000 + micros // 1000 - 60_000})
+    assert len(alive.lease(10).leases) == 2
+    assert alive.lease(10).close_reason == "closespider_pagecount"
+    assert _leased(client) == 2, "under-spent by the dead worker's hold, never over"
+
+
+def test_a_lease_that_fails_counts_its_hold_as_spent(
+    client: redis.Redis, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import redis as redis_module
+
+    frontier = _budgeted(client, "w1", 4)
+    _fill(frontier)
+
+    def down(count: int) -> Any:
+        raise redis_module.ConnectionError("down")
+
+    monkeypatch.setattr(frontier, "_lease", down)
+    with pytest.raises(redis_module.ConnectionError):
+        frontier.lease(3)
+    monkeypatch.undo()
+    assert len(frontier.lease(10).leases) == 1, "the failed lease's 3 stay spent"
+
+
+def test_a_garbage_page_count_reads_as_spent(client: redis.Redis) -> None:
+    frontier = _budgeted(client, "w1", 4)
+    _fill(frontier)
+    client.hset(KEYS.stats, "pages_taken", "garbage")
+    spent = frontier.lease(3)
+    assert (spent.leases, spent.close_reason) == ([], "closespider_pagecount")
+    assert any("pages_taken" in repair for repair in spent.repairs)
+
+
+def test_a_sharded_worker_closes_at_the_fleet_page_count(
+    make_scheduler: MakeScheduler, client: redis.Redis,
+) -> None:
+    worker = make_scheduler("w1", free_slots=8, **FAST, CLOSESPIDER_PAGECOUNT=2)
+    for lane in _one_lane_per_shard():
+        worker.enqueue_request(Request(f"https://{lane}/"))
+    worker.outbox.flush()
+    done = [next_request(worker), next_request(worker)]
+    assert next_request(worker) is None, "the budget is spent"
+    assert worker.fleet.orders.close_reason == "closespider_pagecount"
+    for request in done:
+        finish(worker, request)
+    worker.fleet.heartbeat()
+    assert engine_of(worker).closed == ["closespider_pagecount"]
+    worker.close("closespider_pagecount")
+    assert _leased(client) == 2
+    assert sum(_queued(client)) == 1
