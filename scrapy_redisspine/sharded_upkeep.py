@@ -106,6 +106,15 @@ class ShardedUpkeep:
                 break
         return letters
 
+    def dead_letter_names(self, limit: int) -> list[str]:
+        """Up to ``limit`` dead-letter names of all shards (``shard/field``)."""
+        names: list[str] = []
+        for index, shard in enumerate(self.shards):
+            names += [f"{index}/{name}" for name in shard.dead_letter_names(limit - len(names))]
+            if len(names) >= limit:
+                break
+        return names
+
     def reinject_dead(self, names: Iterable[str]) -> Count:
         """Put dead letters back in their shards' queues: how many."""
         return self._by_shard(names, lambda shard, own: shard.reinject_dead(own))

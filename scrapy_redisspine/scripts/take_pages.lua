@@ -32,7 +32,7 @@ crawl is not the caller's (nothing written).
 -- #include clock
 -- #include crawl
 -- #include numbers
-local stats, holds, control, record, workers = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local stats, page_holds, control, record, workers = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local epoch, worker, budget = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local used, want, alive_ms = ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6])
 local refused = crawl_refusal(record, epoch)
@@ -46,28 +46,28 @@ if taken == nil then
     numbers_note(stats, "pages_taken", raw, tostring(budget))
 end
 if used ~= "" then
-    local held = count_of(redis.call("HGET", holds, worker)) or 0
+    local held = count_of(redis.call("HGET", page_holds, worker)) or 0
     local leased = math.min(tonumber(used) or held, held)
     taken = math.max(taken - (held - leased), 0)
-    redis.call("HDEL", holds, worker)
+    redis.call("HDEL", page_holds, worker)
 end
 local granted = 0
 local close_reason = redis.call("HGET", control, "close_reason") or ""
 if close_reason == "" and want > 0 then
     local cutoff = clock_ms() - alive_ms
-    local held = redis.call("HGETALL", holds)
+    local held = redis.call("HGETALL", page_holds)
     for i = 1, #held, 2 do
         local beat = tonumber(redis.call("ZSCORE", workers, held[i]) or "")
         if held[i] ~= worker and (not beat or beat < cutoff) then
-            redis.call("HDEL", holds, held[i]) -- dead: what it held stays spent
+            redis.call("HDEL", page_holds, held[i]) -- dead: what it held stays spent
         end
     end
     local left = budget - taken
     if left > 0 then
         granted = math.min(want, left)
         taken = taken + granted
-        redis.call("HSET", holds, worker, granted)
-    elseif redis.call("HLEN", holds) == 0 then
+        redis.call("HSET", page_holds, worker, granted)
+    elseif redis.call("HLEN", page_holds) == 0 then
         close_reason = "closespider_pagecount"
         redis.call("HSET", control, "close_reason", close_reason)
     end
