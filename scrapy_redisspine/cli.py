@@ -166,7 +166,8 @@ class Context:
             raise CliError(
                 f"crawl {crawl!r} is sharded over {shards} hash tags (ShardedFrontier); "
                 f"this command does not read sharded crawls yet (seed, pause, resume, "
-                f"drain, dead-letters, requeue-dead, sweep, purge and list do)"
+                f"drain, status, dead-letters, requeue-dead, sweep, purge, list, metrics "
+                f"and dashboard do)"
             )
         return replace(keys, shards=shards)
 

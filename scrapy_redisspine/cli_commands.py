@@ -55,7 +55,7 @@ def confirm(question: str) -> bool:
 
 
 def cmd_status(ctx: CommandContext, args: argparse.Namespace) -> int:
-    keys = ctx.existing(args.crawl)
+    keys = ctx.existing(args.crawl, sharded_ok=True)
     timeout_ms = ctx.config.worker_timeout_ms
     pace = lane_pace(ctx.config)
     clear = sys.stdout.isatty()  # never screen codes into a pipe or a file
@@ -265,7 +265,7 @@ def cmd_metrics(ctx: CommandContext, args: argparse.Namespace) -> int:
                        "pip install 'scrapy-redisspine[metrics]'") from None
     from scrapy_redisspine import metrics
 
-    crawls = [ctx.existing(crawl).crawl_id for crawl in args.crawls]
+    crawls = [ctx.existing(crawl, sharded_ok=True).crawl_id for crawl in args.crawls]
     read = metrics.read_for(ctx.client, timeout_ms=ctx.config.worker_timeout_ms,
                             top_lanes=args.top, pace=lane_pace(ctx.config),
                             memory_budget_bytes=ctx.config.memory_budget_bytes)
@@ -283,7 +283,7 @@ def cmd_dashboard(ctx: CommandContext, args: argparse.Namespace) -> int:
     from scrapy_redisspine import _serving
     from scrapy_redisspine.dashboard_app import Dashboard
 
-    keys = ctx.existing(args.crawl)
+    keys = ctx.existing(args.crawl, sharded_ok=True)
     pace = lane_pace(ctx.config)
 
     def read() -> dict[str, Any]:

@@ -315,7 +315,7 @@ def test_a_sharded_crawl_is_seeded_in_its_shards_and_not_misread(
         expected[sharded.shard_of(lane)] += 1
     assert queued == expected
     assert not real_redis.exists(KEYS.queue)
-    for command in (("status", "books"), ("export", "books", "-o", "-")):
+    for command in (("export", "books", "-o", "-"),):
         assert run(redis_url, *command) == cli.EXIT_USAGE
         err = capsys.readouterr().err
         assert "crawl 'books' is sharded over 3 hash tags" in err
@@ -353,6 +353,13 @@ def test_the_frontier_commands_read_every_shard_of_a_sharded_crawl(
     assert run(redis_url, "dead-letters", "books") == 0
     listed = capsys.readouterr().out
     assert listed.count("poison") == 2, listed
+    assert run(redis_url, "status", "books", "--json") == 0
+    status = json.loads(capsys.readouterr().out)
+    assert (status["shards"], status["queued"], status["in_flight"], status["dead_letters"]) == (
+        3, 10, 0, 2)
+    assert status["counters"]["requeued"] == 10, "every shard's counters, summed"
+    assert status["dedup"]["set_size"] == 12
+    assert sum(row["backlog"] for row in status["hosts"]) == 10
     assert run(redis_url, "requeue-dead", "books") == 0
     assert "re-injected 2 request(s)" in capsys.readouterr().out
     assert sum(real_redis.zcard(view.queue) for view in sharded.shard_views()) == 12

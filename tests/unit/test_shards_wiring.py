@@ -379,3 +379,15 @@ def test_a_sharded_worker_closes_at_the_fleet_page_count(
     worker.close("closespider_pagecount")
     assert _leased(client) == 2
     assert sum(_queued(client)) == 1
+
+
+def test_the_metrics_read_a_sharded_crawl_in_its_layout(client: redis.Redis) -> None:
+    from scrapy_redisspine.metrics import read_for
+
+    frontier = ShardedFrontier(client, KEYS, "w1", concurrency=10)
+    frontier.register(flush=False, alive_ms=2000, spider="sched")
+    _fill(frontier, per_lane=2)
+    assert len(frontier.lease(1).leases) == 1
+    status = read_for(client, timeout_ms=2000, top_lanes=5)(CrawlKeys("redisspine", "test"))
+    assert (status["shards"], status["queued"], status["in_flight"]) == (SHARDS, 5, 1)
+    assert status["counters"]["enqueued"] == 6
