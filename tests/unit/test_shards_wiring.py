@@ -391,3 +391,28 @@ def test_the_metrics_read_a_sharded_crawl_in_its_layout(client: redis.Redis) -> 
     status = read_for(client, timeout_ms=2000, top_lanes=5)(CrawlKeys("redisspine", "test"))
     assert (status["shards"], status["queued"], status["in_flight"]) == (SHARDS, 5, 1)
     assert status["counters"]["enqueued"] == 6
+
+
+def test_a_kept_alive_sharded_fleet_closes_idle(
+    make_scheduler: MakeScheduler, client: redis.Redis,
+) -> None:
+    settings = {**FAST, "REDISSPINE_KEEP_ALIVE": True, "REDISSPINE_IDLE_CLOSE_SECONDS": 5}
+    first, second = make_scheduler("w1", **settings), make_scheduler("w2", **settings)
+    worker = ShardedFrontier(client, KEYS, "seeder", concurrency=10)
+    worker.register(flush=False, alive_ms=2000, spider="sched")
+    worker.done_starting()
+    _fill(worker, per_lane=1)  # work in the shards: not idle
+    first.fleet.heartbeat()
+    second.fleet.heartbeat()
+    seconds, micros = client.time()
+    client.hset(KEYS.record, "idle_since_ms", seconds * 1000 + micros // 1000 - 10_000)
+    first.fleet.heartbeat()
+    assert engine_of(first).closed == [], "requests are queued in the shards"
+    for view in KEYS.shard_views():
+        client.delete(view.queue, view.hosts, view.backlog)
+    first.fleet.heartbeat()
+    client.hset(KEYS.record, "idle_since_ms", seconds * 1000 + micros // 1000 - 10_000)
+    first.fleet.heartbeat()
+    assert engine_of(first).closed == ["idle"]
+    second.fleet.heartbeat()
+    assert engine_of(second).closed == ["idle"], "the whole fleet"
