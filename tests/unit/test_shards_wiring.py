@@ -416,3 +416,14 @@ def test_a_kept_alive_sharded_fleet_closes_idle(
     assert engine_of(first).closed == ["idle"]
     second.fleet.heartbeat()
     assert engine_of(second).closed == ["idle"], "the whole fleet"
+
+
+def test_a_crawl_id_no_crawl_may_have_is_left_out_of_the_group_sweep(
+    client: redis.Redis,
+) -> None:
+    from scrapy_redisspine.frontier import Frontier
+
+    sweeper = Frontier(client, CrawlKeys("redisspine", "other"), "sweeper")
+    sweeper.register(flush=False, alive_ms=2000, spider="sched")
+    client.sadd(sweeper.keys.group_crawls, "old/id", "fine")
+    assert sweeper.upkeep.group_crawls(10) == ["fine"]
