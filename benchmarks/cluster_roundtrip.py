@@ -11,9 +11,10 @@ trips. This measures, side by side in one run, batches per second of the same st
 - ``cluster``: a 3-master cluster on loopback, ``enqueue_and_lease`` (two calls, plus
   the cluster client's own routing);
 - ``proxied_pipelined`` / ``proxied_two_calls``: the first two through
-  ``latency_proxy.py`` (``--delay`` each way, ~1 ms round trip by default), where a
-  round trip costs what it costs on a network. (The cluster cannot sit behind the
-  proxy: its nodes announce their own ports and the client follows them.)
+  ``scrapy_redisspine.testing.latency_proxy`` (``--delay`` each way, ~1 ms round
+  trip by default), where a round trip costs what it costs on a network. (The
+  cluster cannot sit behind the proxy: its nodes announce their own ports and the
+  client follows them.)
 
 Each step acks ``--batch`` leases (each bringing one new request of its lane) and
 leases ``--batch`` more; ``--lanes`` lanes, one request in flight per lane.
@@ -66,8 +67,8 @@ def _step_rate(client: Any, crawl: str, steps: int, batch: int, *, lanes: int,
 
 
 def measure(steps: int, reps: int, batch: int, lanes: int, delay: float) -> dict[str, Any]:
-    from benchmarks.crawl_compare import Proxy
     from scrapy_redisspine.connection import client_from_url
+    from scrapy_redisspine.testing.latency_proxy import LatencyProxy
     from scrapy_redisspine.testing.redis_cluster import ClusterServers
     from scrapy_redisspine.testing.redis_server import RedisServer
 
@@ -76,10 +77,10 @@ def measure(steps: int, reps: int, batch: int, lanes: int, delay: float) -> dict
         "proxied_pipelined", "proxied_two_calls")}
     with RedisServer() as server, ClusterServers(masters=3) as cluster:
         assert server.port is not None
-        proxy = Proxy(server.port, delay)
+        proxy = LatencyProxy(server.port, delay).start()
         clients = {"single": client_from_url(server.url),
                    "cluster": client_from_url(cluster.url),
-                   "proxied": client_from_url(f"redis://127.0.0.1:{proxy.port}/0")}
+                   "proxied": client_from_url(proxy.url)}
         runs = [("single_pipelined", "single", True), ("single_two_calls", "single", False),
                 ("cluster", "cluster", True), ("proxied_pipelined", "proxied", True),
                 ("proxied_two_calls", "proxied", False)]
@@ -92,7 +93,7 @@ def measure(steps: int, reps: int, batch: int, lanes: int, delay: float) -> dict
         finally:
             for client in clients.values():
                 client.close()
-            proxy.close()
+            proxy.stop()
     median = {name: statistics.median(values) for name, values in rates.items()}
     return {
         "steps": steps, "reps": reps, "batch": batch, "lanes": lanes,
@@ -115,7 +116,7 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=10)
     parser.add_argument("--lanes", type=int, default=100)
     parser.add_argument("--delay", type=float, default=0.0005,
-                        help="latency_proxy.py delay, seconds each way")
+                        help="latency proxy delay, seconds each way")
     args = parser.parse_args()
     print(json.dumps(measure(args.steps, args.reps, args.batch, args.lanes, args.delay),
                      indent=2))

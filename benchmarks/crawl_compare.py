@@ -15,7 +15,7 @@ the same with ``REDISSPINE_REDIS_THREAD = False``), ``redis1``
     benchmarks/.venv-bench/bin/pip install scrapy==<this venv's Scrapy> scrapy-redis redis -e .
 
 It is never a dependency of the package. ``--rtt-ms 1`` adds, for every spine and
-scrapy-redis mode, the same run with Redis behind ``latency_proxy.py`` (half the RTT
+scrapy-redis mode, the same run with Redis behind a latency proxy (half the RTT
 each way), reported as e.g. ``spine1@1ms`` next to its loopback twin.
 
 Per run: pages fetched (from the site's own request log), duplicates (fetches beyond
@@ -48,6 +48,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from scrapy_redisspine.testing.latency_proxy import LatencyProxy  # noqa: E402
 from scrapy_redisspine.testing.redis_server import RedisServer  # noqa: E402
 from scrapy_redisspine.testing.site import TestSite  # noqa: E402
 from tests.integration.crawlproc import crawl_command, parse_stats, worker_env  # noqa: E402
@@ -55,7 +56,6 @@ from tests.integration.crawlproc import crawl_command, parse_stats, worker_env  
 PROJECT = ROOT / "tests" / "integration" / "project"
 BENCH_VENV = ROOT / "benchmarks" / ".venv-bench"
 WORKER = ROOT / "benchmarks" / "_worker.py"
-PROXY = ROOT / "benchmarks" / "latency_proxy.py"
 PER_HOST = 8  # the test project's CONCURRENT_REQUESTS_PER_DOMAIN
 MODES = ("scrapy", "spine1", "spine2", "redis1")
 
@@ -74,35 +74,6 @@ def bench_python() -> str:
                         f"scrapy=={scrapy.__version__}", "scrapy-redis", "redis",
                         "-e", str(ROOT)], check=True)
     return str(python)
-
-
-class Proxy:
-    """``latency_proxy.py`` in its own process (it must not share our GIL)."""
-
-    def __init__(self, target_port: int, delay: float) -> None:
-        self.process = subprocess.Popen(
-            [sys.executable, str(PROXY), "--target-port", str(target_port),
-             "--delay", str(delay)], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
-        assert self.process.stdout is not None
-        self.port = int(json.loads(self.process.stdout.readline())["port"])
-
-    def measured_rtt_ms(self, pings: int = 200) -> float:
-        """The median PING round trip through the proxy (its own overhead included)."""
-        import redis
-
-        client = redis.Redis(host="127.0.0.1", port=self.port)
-        client.ping()
-        times = []
-        for _ in range(pings):
-            started = time.perf_counter()
-            client.ping()
-            times.append(time.perf_counter() - started)
-        client.close()
-        return 1000 * statistics.median(times)
-
-    def close(self) -> None:
-        self.process.terminate()
-        self.process.wait(timeout=10)
 
 
 def _info(client: Any) -> dict[str, Any]:
@@ -149,14 +120,14 @@ def workers_of(mode: str) -> int:
 
 def behind_proxy(
     server: RedisServer, rtt_ms: float, delay_ms: float | None
-) -> tuple[Proxy | None, str, float]:
+) -> tuple[LatencyProxy | None, str, float]:
     """(proxy, URL to use, measured RTT in ms): the server itself when ``rtt_ms`` is 0,
     else through a proxy delaying ``delay_ms`` (default: half the RTT) each way."""
     if not rtt_ms:
         return None, server.url, 0.0
     one_way = (delay_ms if delay_ms is not None else rtt_ms / 2) / 1000
-    proxy = Proxy(server.port or 0, one_way)
-    return proxy, f"redis://127.0.0.1:{proxy.port}/0", proxy.measured_rtt_ms()
+    proxy = LatencyProxy(server.port or 0, one_way).start()
+    return proxy, proxy.url, proxy.measured_rtt_ms()
 
 
 def one_run(mode: str, args: argparse.Namespace, run_id: str, rtt_ms: float) -> dict[str, Any]:
@@ -195,7 +166,7 @@ def one_run(mode: str, args: argparse.Namespace, run_id: str, rtt_ms: float) -> 
             client.close()
         finally:
             if proxy:
-                proxy.close()
+                proxy.stop()
         reasons, round_trips, worker_cpu = [], 0, 0.0
         for index in range(k):
             stats = parse_stats((tmp / f"w{index}.log").read_text(errors="replace"))
@@ -304,8 +275,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fanout", type=int, default=5)
     parser.add_argument("--latency", type=float, default=0.02, help="site seconds/response")
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--rtt-ms", type=float, default=0.0,
-                        help="also run the Redis modes with this RTT added by a proxy")
+    parser.add_argument("--rtt-ms", default="",
+                        help="also run the Redis modes with this RTT added by a proxy; "
+                        "several, comma-separated (e.g. 1,5,20), run interleaved")
     parser.add_argument("--proxy-delay-ms", type=float, default=None,
                         help="the proxy's one-way delay (default: half of --rtt-ms); the "
                         "proxy itself adds ~0.25 ms per round trip, see measured_rtt_ms")
@@ -314,8 +286,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     modes = [m for m in args.modes.split(",") if m]
     plan = [(mode, 0.0) for mode in modes]
-    if args.rtt_ms:
-        plan += [(mode, args.rtt_ms) for mode in modes if mode != "scrapy"]
+    for rtt_ms in (float(value) for value in str(args.rtt_ms).split(",") if value):
+        plan += [(mode, rtt_ms) for mode in modes if mode != "scrapy" and rtt_ms]
     results = []
     for rep in range(args.runs):
         for mode, rtt in plan:

@@ -171,7 +171,7 @@ def run_child(impl: str, args: argparse.Namespace, rtt_ms: float) -> dict[str, A
             raise SystemExit(f"{impl} failed:\n{exc.stderr[-3000:]}") from None
         finally:
             if proxy:
-                proxy.close()
+                proxy.stop()
     result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
     if rtt_ms:
         result["impl"] += f"@{rtt_ms:g}ms"

@@ -250,7 +250,8 @@ class FleetMember:
         """Under a drain or close order, close once nothing is in progress (the
         unstarted leases go back at close)."""
         reason = self.orders.closing_reason
-        idle = not self._book.handed_out and not self.drain_closing
+        idle = (not self._book.handed_out and not self.drain_closing
+                and not (self.orders.fetch_leased and self._book.ready))
         if reason and idle and self._engine is not None:
             self.drain_closing = True
             logger.info("redisspine: %s: nothing in progress, closing",

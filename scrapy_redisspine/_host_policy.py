@@ -14,7 +14,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from scrapy_redisspine._clock import CrawlClock
-from scrapy_redisspine._guard import CALL_ERRORS
+from scrapy_redisspine._redis_io import InlineIO, reported
 from scrapy_redisspine.politeness import DelayPolicy, make_lane_function
 
 if TYPE_CHECKING:
@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from scrapy_redisspine._clock import Clock
     from scrapy_redisspine._guard import RedisGuard
     from scrapy_redisspine._leasebook import Finished, LeaseBook
+    from scrapy_redisspine._redis_io import RedisIO
     from scrapy_redisspine._results import Throttled
     from scrapy_redisspine.ip_lanes import IpLanes
     from scrapy_redisspine.settings import SpineConfig
@@ -48,12 +49,15 @@ class HostPolicy:
         *,
         ip_lanes: IpLanes | None = None,
         clock: Clock | None = None,
+        io: RedisIO | None = None,
     ) -> None:
         """``ip_lanes`` (with ``REDISSPINE_POLITENESS_KEY = "ip"``) maps hostnames to
         their addresses without blocking; without it "ip" resolves as tools do.
         ``clock``: the outbox's (a response's arrival is compared with its ack's
-        send time); a :class:`CrawlClock` if none."""
+        send time); a :class:`CrawlClock` if none. ``io``: where the Crawl-delay
+        writes run (the worker's upkeep thread; at once if none)."""
         self._clock: Clock = clock if clock is not None else CrawlClock()
+        self._io: RedisIO = io or InlineIO(stats)
         self.politeness_key = config.politeness_key
         by_address = config.politeness_key == "ip" and ip_lanes is not None
         self._ip_lanes = ip_lanes if by_address else None
@@ -154,10 +158,9 @@ class HostPolicy:
             "redisspine: %s asks for Crawl-delay %.1f s (kept: %.1f s)", lane, seconds, kept
         )
         if self._guard.available() and not self._guard.crawl_gone:
-            try:
-                self._frontier.set_crawl_delay(lane, kept)
-            except CALL_ERRORS as exc:
-                self._guard.failed("crawl_delay", exc)
+            frontier = self._frontier
+            self._io.submit("crawl_delay", lambda: frontier.set_crawl_delay(lane, kept),
+                            lambda reply: None, reported(self._guard, "crawl_delay"))
 
     def learned_from_lease(self, lane: str, crawl_delay: float | None) -> None:
         """A lease told this lane's Crawl-delay, learned by another worker."""

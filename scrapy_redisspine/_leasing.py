@@ -11,14 +11,20 @@ engine exactly when it is due.
 
 The round trip runs through the worker's :class:`~scrapy_redisspine._redis_io.RedisIO`:
 with its own thread (``REDISSPINE_REDIS_THREAD``) the lease is asked for and its reply
-fills the ready list later, waking the engine; one lease is on its way at a time, and
-the next is asked for as the last ready request is handed out, so the downloader does
-not wait for the round trip while work is queued.
+fills the ready list later, waking the engine. One lease is on its way at a time (it
+carries the outbox, whose acks must not overtake the children sent before them), so
+each lease asks for what the downloader can take now plus what it will take while the
+next round trip is in the air: the *lease-ahead*, learnt as the number of requests the
+engine asked for (handed one or found none) while the last lease was on its way. The
+next lease is asked for when the ready list is down to that many, so with work queued
+the downloader does not wait for Redis however far away it is. With Redis on loopback
+the lease-ahead stays at about nothing, and leasing is as before.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from typing import TYPE_CHECKING
 
 import redis
@@ -40,9 +46,13 @@ if TYPE_CHECKING:
     from scrapy_redisspine._local import LocalQueue
     from scrapy_redisspine._outbox import Outbox, Sending
     from scrapy_redisspine._redis_io import RedisIO
+    from scrapy_redisspine._results import Repairs
     from scrapy_redisspine.frontier import Count, EnqueueResult, Lease, LeaseBatch
     from scrapy_redisspine.request_codec import RequestCodec
     from scrapy_redisspine.sharded import AnyFrontier
+
+    #: A lane slot's lease for a request kept in memory (Frontier.take_slot).
+    SlotTaken = tuple[Lease | None, int, Repairs]
 
 logger = logging.getLogger("scrapy_redisspine.scheduler")
 
@@ -96,6 +106,9 @@ class Leaser:
         self._wake_due = float("inf")  # when the wake-up timer fires (this clock)
         self._io: RedisIO = io or InlineIO(stats)
         self._in_flight = False  # a lease on its way
+        self._local_in_flight = False  # slots for requests kept in memory, on their way
+        self._ahead = 0.0  # requests asked for per lease round trip (moving average)
+        self._asked_in_flight = 0  # asked for since the lease on its way was submitted
 
     # -- waking -------------------------------------------------------------------
 
@@ -137,6 +150,23 @@ class Leaser:
         return self._in_flight
 
     @property
+    def ahead(self) -> int:
+        """Requests the engine takes while a lease is on its way (learnt): the ready
+        list's low-water mark, and what a lease asks for beyond the free slots."""
+        return min(math.ceil(self._ahead), self._batch_size)
+
+    def asked(self) -> None:
+        """The engine asked for a request (next_request), whether one was ready or
+        not: what it asks for while a lease is on its way is the lease-ahead.
+
+        Not while start requests are still being consumed: then Scrapy asks again
+        after each None (a lazy start() yields one request per scheduler_empty), and
+        a request leased ahead could go before a start or callback request of higher
+        priority that Scrapy's own scheduler would have sent first."""
+        if self._in_flight and not (self._engine is not None and self._engine.starting()):
+            self._asked_in_flight += 1
+
+    @property
     def background(self) -> bool:
         """Leases are answered later, off the crawl's loop (``REDISSPINE_REDIS_THREAD``)."""
         return self._io.background
@@ -153,10 +183,11 @@ class Leaser:
         # unless there is something to send (an ack frees a lane, a request fills one).
         if not self._sending() and now - self._last_empty_lease < self._idle_poll_seconds / 2:
             return bool(self._book.ready)
-        if self._book.ready or not self._guard.available("lease"):
-            return bool(self._book.ready) or self._lease_local()
+        ready = self._book.ready
+        if ready > self.ahead or not self._guard.available("lease"):
+            return bool(ready) or self._lease_local()
         free = self._engine.free_download_slots() if self._engine else 1
-        self._submit(max(1, min(free, self._batch_size)), now)
+        self._submit(max(1, min(free + self.ahead - ready, self._batch_size)), now)
         return bool(self._book.ready)
 
     def _submit(self, count: int, now: float) -> None:
@@ -190,6 +221,7 @@ class Leaser:
             self._guard.failed("lease", exc)
 
         self._in_flight = True
+        self._asked_in_flight = 0
         self._io.submit("lease", call, lambda reply: self._leased(reply, sending, count, now),
                         failed)
 
@@ -201,6 +233,7 @@ class Leaser:
         """A lease reply is in (the crawl's loop): take the send's outcome, count,
         accept the leases, wake the engine if any is ready."""
         self._in_flight = False
+        self._ahead += (self._asked_in_flight - self._ahead) / 4
         released, sent, batch = reply
         if released is not None:
             self._reconciled(released)
@@ -249,25 +282,48 @@ class Leaser:
 
     def _lease_local(self) -> bool:
         """Take lane slots for requests kept in this worker's memory (they are not
-        in the queue): one script call per lane that has any, at most a batch."""
-        if not len(self._local) or not self._guard.available("take_slot"):
+        in the queue): one script call per lane that has any, at most a batch, all in
+        one job of ``io``; one such job on its way at a time."""
+        if (not len(self._local) or self._local_in_flight
+                or not self._guard.available("take_slot")):
             return bool(self._book.ready)
-        for lane in self._local.lanes()[: self._batch_size]:
-            request, payload = self._local.first(lane)
-            try:
-                lease, wait_ms, repairs = self._frontier.take_slot(
-                    lane, request.priority, payload
-                )
-            except CALL_ERRORS as exc:
-                self._guard.failed("take_slot", exc)
+        wanted = [(lane, *self._local.first(lane))
+                  for lane in self._local.lanes()[: self._batch_size]]
+        frontier = self._frontier
+
+        def call() -> list[tuple[str, SlotTaken | Exception]]:
+            taken: list[tuple[str, SlotTaken | Exception]] = []
+            for lane, request, payload in wanted:
+                try:
+                    taken.append((lane, frontier.take_slot(lane, request.priority, payload)))
+                except CALL_ERRORS as exc:
+                    taken.append((lane, exc))
+                    break
+            return taken
+
+        self._local_in_flight = True
+        self._io.submit("take_slot", call, self._slots_taken,
+                        reported(self._guard, "take_slot",
+                                 lambda: setattr(self, "_local_in_flight", False)))
+        return bool(self._book.ready)
+
+    def _slots_taken(self, taken: list[tuple[str, SlotTaken | Exception]]) -> None:
+        self._local_in_flight = False
+        for lane, outcome in taken:
+            if isinstance(outcome, Exception):
+                self._guard.failed("take_slot", outcome)
                 break
+            lease, wait_ms, repairs = outcome
             self._guard.repaired("take_slot", repairs)
             if lease is None:
                 self.wake_when_due(wait_ms or int(self._idle_poll_seconds * 1000))
                 continue
+            if lane not in self._local.lanes():  # lost at close meanwhile: a sweep
+                continue  # returns the lease
             self._book.add(self._local.taken(lane, lease.key), lease.handle, lane)
             self._stats.inc_value("redisspine/scheduler/leased_local")
-        return bool(self._book.ready)
+        if self._io.background and self._book.ready and self._engine is not None:
+            self._engine.wake()
 
     def _sending(self) -> bool:
         """Is there something to send, and may it be sent now?"""

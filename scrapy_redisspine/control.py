@@ -41,6 +41,10 @@ DRAIN = "drain"
 #: Set by the fleet's limits (``limits.py``, ``scripts/lease.lua``): the close reason
 #: every worker closes with (Scrapy's ``closespider_pagecount`` ...).
 CLOSE = "close_reason"
+#: The close order of a spent fleet-wide page budget (``scripts/lease.lua``). The
+#: requests leased within the budget count as its pages, so they are still fetched
+#: (Scrapy's own CLOSESPIDER_PAGECOUNT fetches at least that many), not handed back.
+PAGE_BUDGET_SPENT = "closespider_pagecount"
 
 #: The worker's own totals kept in ``worker_stats`` (Scrapy stat names).
 WORKER_TOTALS = (
@@ -60,6 +64,11 @@ class Orders:
     @property
     def stop_leasing(self) -> bool:
         return self.paused or self.drain or bool(self.close_reason)
+
+    @property
+    def fetch_leased(self) -> bool:
+        """Are the requests already leased still to be fetched before closing?"""
+        return self.close_reason == PAGE_BUDGET_SPENT and not self.drain
 
     @property
     def closing_reason(self) -> str:

@@ -171,7 +171,7 @@ class Scheduler(BaseScheduler):
             self.guard.failed("lane_limits", exc)
         try:
             if isinstance(self.df, RedisDupeFilter):
-                self.df.bind(self.frontier, self.io)
+                self.df.bind(self.frontier, self.upkeep_io)
             self.df.open()
         except (CorruptKeyError, DedupConfigError) as exc:
             self._refuse_after_join(REASON_CORRUPT if isinstance(exc, CorruptKeyError)
@@ -190,10 +190,11 @@ class Scheduler(BaseScheduler):
         config, stats, clock = self.config, self.stats, self.clock
         # A thread of its own needs the crawl's loop to hand replies back to: tests
         # that drive a scheduler with Twisted's task.Clock call inline.
-        self.io: RedisIO = (
-            ThreadIO(stats, clock.thread_caller())
-            if config.redis_thread and isinstance(clock, CrawlClock) else InlineIO(stats)
-        )
+        self.io: RedisIO = InlineIO(stats)  # leases, the outbox, buries
+        self.upkeep_io: RedisIO = self.io  # heartbeat, sweeps, totals, feed, dedup...
+        if config.redis_thread and isinstance(clock, CrawlClock):
+            self.io = ThreadIO(stats, clock.thread_caller(), name="redisspine-redis")
+            self.upkeep_io = ThreadIO(stats, clock.thread_caller(), name="redisspine-upkeep")
         self.codec = RequestCodec(
             spider, get_serializer(config.serializer), config.allowed_request_classes,
             ItemClasses.for_spider(spider, config.allowed_item_classes),
@@ -201,7 +202,7 @@ class Scheduler(BaseScheduler):
         self.hosts = HostPolicy(
             config, self.frontier, self.guard, self.book, stats,
             ip_lanes=scrapy_ip_lanes(stats) if config.politeness_key == "ip" else None,
-            clock=clock,
+            clock=clock, io=self.upkeep_io,
         )
         self.outbox = Outbox(
             self.frontier, self.guard, stats, clock,
@@ -215,7 +216,7 @@ class Scheduler(BaseScheduler):
             worker_timeout_ms=config.worker_timeout_ms, wake=self.wake,
             flush=self.outbox.try_flush, crawl_gone=self._crawl_gone,
             idle_close_ms=config.idle_close_ms,
-            wait_for_first_request=config.wait_for_first_request, io=self.io,
+            wait_for_first_request=config.wait_for_first_request, io=self.upkeep_io,
         )
         self.local = LocalQueue(self.worker_id, stats)
         self.leaser = Leaser(
@@ -239,7 +240,7 @@ class Scheduler(BaseScheduler):
         self.guard.on_crawl_gone = lambda status: self._crawl_gone(Heartbeat(status))
         self.view = signals.WorkerView(
             self.worker_id, self.frontier.upkeep, self.guard, self.hosts, self.wake,
-            self.starts, self.items, self.fleet.close_ordered, self.io,
+            self.starts, self.items, self.fleet.close_ordered, self.upkeep_io,
         )
 
     def _refuse_after_join(self, reason: str, message: str) -> None:
@@ -266,10 +267,14 @@ class Scheduler(BaseScheduler):
             self.crawler.signals.send_catch_log(signals.worker_closing, worker=self.view)
         self.fleet.stop()
         self._idle_poll.stop()
-        if not self.io.drain(2 * self.config.redis_timeout_seconds + 1):
-            logger.warning("redisspine: Redis did not answer this worker's last calls in "
-                           "time; what they carried is reconciled by the fleet's sweep")
+        deadline = self.clock.seconds() + 2 * self.config.redis_timeout_seconds + 1
+        for io in (self.io, self.upkeep_io):
+            if not io.drain(max(deadline - self.clock.seconds(), 0.0)):
+                logger.warning("redisspine: Redis did not answer this worker's last calls "
+                               "in time; what they carried is reconciled by the fleet's sweep")
+                break
         self.io.close()
+        self.upkeep_io.close()
         self.outbox.close()
         self.leaser.close()
         if self.engine is not None:
@@ -350,23 +355,34 @@ class Scheduler(BaseScheduler):
             return None
         orders = self.fleet.orders
         if orders.drain or orders.close_reason:
+            if orders.fetch_leased:  # within the spent page budget: fetched, not returned
+                return self._hand_out()
             return None  # unstarted leases go back at close
+        self.leaser.asked()
         if not self.book.ready:
             if orders.paused:
                 return None
-            if not self.leaser.lease() and self.leaser.in_flight and self.io.near:
-                # A near Redis answers within a millisecond or two: wait for it rather
-                # than return None, which Scrapy takes for an empty scheduler (it then
-                # sends scheduler_empty, and a lazy start() yields its next request).
+            if (not self.leaser.lease() and self.leaser.in_flight and self.io.near
+                    and self.engine is not None and self.engine.starting()):
+                # While start requests are still being consumed, a None is taken for an
+                # empty scheduler (Scrapy sends scheduler_empty, and a lazy start()
+                # yields its next request out of order): wait for a near Redis, which
+                # answers within a millisecond or two. After the start, a None costs
+                # nothing (the reply wakes the engine) and waiting would hold the loop.
                 self.io.drain(NEAR_WAIT_SECONDS)
             if not self.book.ready:
                 return None
+        request = self._hand_out()
+        if (request is not None and self.leaser.background and not orders.paused
+                and self.book.ready <= self.leaser.ahead):
+            self.leaser.lease()  # the next batch is on its way before it is asked for
+        return request
+
+    def _hand_out(self) -> Request | None:
         request = self.book.hand_out()
         if request is not None:
             self.stats.inc_value("scheduler/dequeued/redis")
             self.stats.inc_value("scheduler/dequeued")
-            if not self.book.ready and self.leaser.background and not orders.paused:
-                self.leaser.lease()  # the next batch is on its way before it is asked for
         return request
 
     def has_pending_requests(self) -> bool:

@@ -4,16 +4,23 @@ The session's redis-server is spawned here, on a free loopback port in a tempora
 directory: tests never touch a Redis someone else uses. A missing redis-server binary
 fails the tests that need it (with the reason) instead of skipping them, so a CI
 run cannot go green by testing nothing.
+
+With ``REDISSPINE_TEST_RTT_MS`` set (e.g. 10), ``redis_url`` is a latency proxy in
+front of the session's server that adds that round trip to every call: the workers
+of the end-to-end tests then talk to a Redis that far away (CI runs the spine, crash
+and politeness crawls so). Tests that reach the server directly are unaffected.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from scrapy_redisspine.connection import RedisServerNotFound
+from scrapy_redisspine.testing.latency_proxy import LatencyProxy
 from scrapy_redisspine.testing.redis_server import RedisServer
 from scrapy_redisspine.testing.servers import (
     BLOOM_ENV,
@@ -29,6 +36,10 @@ if TYPE_CHECKING:
     import redis
 
 
+#: Milliseconds of round trip a latency proxy adds in front of ``redis_url``.
+RTT_ENV = "REDISSPINE_TEST_RTT_MS"
+
+
 def pytest_report_header() -> list[str]:
     """Say which server the run is on: the matrix runs this suite on several."""
     try:
@@ -37,7 +48,9 @@ def pytest_report_header() -> list[str]:
     except RedisServerNotFound as exc:
         server = f"none: {exc}"
     bloom = redisbloom_module()
-    return [f"redis-server: {server}", f"redisbloom: {bloom or 'none'}"]
+    rtt = os.environ.get(RTT_ENV)
+    return [f"redis-server: {server}", f"redisbloom: {bloom or 'none'}"] + (
+        [f"redis_url behind a latency proxy: +{rtt} ms per round trip"] if rtt else [])
 
 
 @pytest.fixture(scope="session")
@@ -85,14 +98,29 @@ def bloom_redis_url(bloom_server: RedisServer) -> str:
     return _emptied(bloom_server)
 
 
+@pytest.fixture(scope="session")
+def rtt_proxy(redis_server: RedisServer) -> Iterator[LatencyProxy | None]:
+    """A latency proxy in front of the session's server when ``REDISSPINE_TEST_RTT_MS``
+    asks for one, else None."""
+    rtt_ms = float(os.environ.get(RTT_ENV) or 0)
+    if rtt_ms <= 0:
+        yield None
+        return
+    assert redis_server.port is not None
+    with LatencyProxy(redis_server.port, rtt_ms / 2000) as proxy:
+        yield proxy
+
+
 @pytest.fixture
-def redis_url(redis_server: RedisServer) -> str:
-    """The session server's URL, emptied for this test (FLUSHALL).
+def redis_url(redis_server: RedisServer, rtt_proxy: LatencyProxy | None) -> str:
+    """The session server's URL, emptied for this test (FLUSHALL); through the latency
+    proxy when ``REDISSPINE_TEST_RTT_MS`` is set.
 
     Restarts the server if an earlier test took it down, so one careless test
     cannot fail every test after it.
     """
-    return _emptied(redis_server)
+    url = _emptied(redis_server)
+    return rtt_proxy.url if rtt_proxy is not None else url
 
 
 def _emptied(server: RedisServer) -> str:

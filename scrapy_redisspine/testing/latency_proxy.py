@@ -1,5 +1,8 @@
 """A TCP proxy on loopback that delays every byte by a fixed time each way.
 
+Used by the benchmarks (``crawl_compare.py --rtt-ms``) and by the test suite
+(``REDISSPINE_TEST_RTT_MS``: the end-to-end crawls with Redis a few milliseconds away).
+
 Puts Redis "1 ms away" without a network namespace: with ``--delay 0.0005`` every
 chunk read from either side is forwarded 0.5 ms after it arrived, so a round trip
 costs about 1 ms more, while pipelined bytes are not serialized behind each other
@@ -7,8 +10,11 @@ costs about 1 ms more, while pipelined bytes are not serialized behind each othe
 because ``time.sleep`` is precise to tens of microseconds here while an asyncio
 timer waits on ``epoll`` with millisecond granularity.
 
-    python benchmarks/latency_proxy.py --target-port 6380 --delay 0.0005
+    python -m scrapy_redisspine.testing.latency_proxy --target-port 6380 --delay 0.0005
     # prints {"port": N}; clients connect to 127.0.0.1:N
+
+:class:`LatencyProxy` runs it in a process of its own (it must not share the GIL of
+the process it measures).
 """
 
 from __future__ import annotations
@@ -19,9 +25,13 @@ import json
 import queue
 import signal
 import socket
+import statistics
+import subprocess
 import sys
 import threading
 import time
+
+from scrapy_redisspine.testing._service import Service
 
 _CHUNK = 65536
 
@@ -71,6 +81,52 @@ def _serve_client(client: socket.socket, target: tuple[str, int], delay: float) 
     back.join()
     client.close()
     upstream.close()
+
+
+class LatencyProxy(Service):
+    """The proxy in its own process, in front of ``target_port`` on loopback, adding
+    ``delay`` seconds each way (a round trip costs ``2 * delay`` more)."""
+
+    def __init__(self, target_port: int, delay: float) -> None:
+        self.target_port = target_port
+        self.delay = delay
+        self.port = 0
+        self._process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> LatencyProxy:
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "scrapy_redisspine.testing.latency_proxy",
+             "--target-port", str(self.target_port), "--delay", str(self.delay)],
+            stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
+        assert self._process.stdout is not None
+        self.port = int(json.loads(self._process.stdout.readline())["port"])
+        return self
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def measured_rtt_ms(self, pings: int = 200) -> float:
+        """The median PING round trip through the proxy (its own overhead included)."""
+        import redis
+
+        client = redis.Redis(host="127.0.0.1", port=self.port)
+        try:
+            client.ping()
+            times = []
+            for _ in range(pings):
+                started = time.perf_counter()
+                client.ping()
+                times.append(time.perf_counter() - started)
+        finally:
+            client.close()
+        return 1000 * statistics.median(times)
+
+    def stop(self) -> None:
+        if self._process is not None:
+            self._process.terminate()
+            self._process.wait(timeout=10)
+            self._process = None
 
 
 def main() -> int:
