@@ -163,8 +163,21 @@ class Leaser:
         after each None (a lazy start() yields one request per scheduler_empty), and
         a request leased ahead could go before a start or callback request of higher
         priority that Scrapy's own scheduler would have sent first."""
-        if self._in_flight and not (self._engine is not None and self._engine.starting()):
+        if self._in_flight and not self._starting():
             self._asked_in_flight += 1
+
+    def _learn_ahead(self) -> None:
+        """A lease reply is in: what the engine wanted while it was on its way. Its
+        asks coalesce (one per turn of its loop), so the download slots left idle
+        waiting for this reply count too."""
+        if not self._io.background:
+            return
+        idle = self._engine.free_download_slots() if self._engine is not None else 0
+        sample = max(self._asked_in_flight, 0 if self._starting() else idle)
+        self._ahead += (sample - self._ahead) / 4
+
+    def _starting(self) -> bool:
+        return self._engine is not None and self._engine.starting()
 
     @property
     def background(self) -> bool:
@@ -233,7 +246,7 @@ class Leaser:
         """A lease reply is in (the crawl's loop): take the send's outcome, count,
         accept the leases, wake the engine if any is ready."""
         self._in_flight = False
-        self._ahead += (self._asked_in_flight - self._ahead) / 4
+        self._learn_ahead()
         released, sent, batch = reply
         if released is not None:
             self._reconciled(released)

@@ -181,3 +181,18 @@ def test_nothing_is_learnt_while_start_requests_are_consumed(
         _round(leaser, io, asks=5)
     assert leaser.ahead == 0
     assert set(frontier.asked) == {1}
+
+
+def test_download_slots_left_idle_by_a_reply_count_as_asked_for(
+    stats: MemoryStatsCollector,
+) -> None:
+    """The engine asks once per turn of its loop however many slots freed meanwhile:
+    the slots still free when a reply comes in are demand it did not say."""
+    io, frontier, engine = ManualIO(), QueueFrontier(10_000), Engine(free=6)
+    leaser, book = _leaser(io, frontier, engine, stats)
+    for _ in range(16):
+        while book.ready:
+            book.hand_out()
+        _round(leaser, io, asks=1)
+    assert leaser.ahead == 6
+    assert frontier.asked[-1] == 6 + 6
