@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     import redis
 
-    from scrapy_redisspine.frontier import Frontier
     from scrapy_redisspine.keys import CrawlKeys
     from scrapy_redisspine.settings import SpineConfig
+    from scrapy_redisspine.sharded import AnyFrontier
 
 
 class CommandContext(Protocol):
@@ -28,4 +28,4 @@ class CommandContext(Protocol):
 
     def existing(self, crawl: str, *, sharded_ok: bool = False) -> CrawlKeys: ...
 
-    def frontier(self, keys: CrawlKeys) -> Frontier: ...
+    def frontier(self, keys: CrawlKeys) -> AnyFrontier: ...

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING
 
 import redis
 
+from scrapy_redisspine._frontier_upkeep import FrontierUpkeep
+
 if TYPE_CHECKING:
     from scrapy.statscollectors import StatsCollector
 
@@ -23,8 +25,8 @@ if TYPE_CHECKING:
     from scrapy_redisspine._leasebook import LeaseBook
     from scrapy_redisspine._local import LocalQueue
     from scrapy_redisspine._outbox import Outbox
-    from scrapy_redisspine.frontier import Frontier
     from scrapy_redisspine.settings import SpineConfig
+    from scrapy_redisspine.sharded import AnyFrontier
 
 logger = logging.getLogger("scrapy_redisspine.scheduler")
 
@@ -37,7 +39,7 @@ class HandBack:
     """Hands a closing worker's buffers and leases back to the fleet."""
 
     def __init__(
-        self, *, frontier: Frontier, outbox: Outbox, book: LeaseBook, local: LocalQueue,
+        self, *, frontier: AnyFrontier, outbox: Outbox, book: LeaseBook, local: LocalQueue,
         guard: RedisGuard, stats: StatsCollector, config: SpineConfig,
     ) -> None:
         self._frontier = frontier
@@ -79,10 +81,12 @@ class HandBack:
 
     def _note_finished(self) -> None:
         """The crawl is done fleet-wide: say so in its record, or delete it."""
-        if self._config.persist:
+        upkeep = self._frontier.upkeep
+        # (a sharded crawl is always persisted: REDISSPINE_PERSIST = False is refused
+        # at open, _joining)
+        if self._config.persist or not isinstance(upkeep, FrontierUpkeep):
             self._frontier.mark_finished()
-        elif self._frontier.upkeep.purge_if_done(self._frontier.epoch,
-                                                 self._config.worker_timeout_ms):
+        elif upkeep.purge_if_done(self._frontier.epoch, self._config.worker_timeout_ms):
             logger.info("redisspine: crawl finished; its keys deleted (persist off)")
 
     def _release_unstarted(self) -> None:

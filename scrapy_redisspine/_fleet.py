@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from scrapy_redisspine._guard import RedisGuard
     from scrapy_redisspine._leasebook import LeaseBook
     from scrapy_redisspine._redis_io import RedisIO
-    from scrapy_redisspine.frontier import Frontier
+    from scrapy_redisspine.sharded import AnyFrontier
 
 logger = logging.getLogger("scrapy_redisspine.scheduler")
 
@@ -48,7 +48,7 @@ class FleetMember:
     def __init__(
         self,
         *,
-        frontier: Frontier,
+        frontier: AnyFrontier,
         guard: RedisGuard,
         book: LeaseBook,
         engine: EnginePort | None,

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     import redis
 
     from scrapy_redisspine.keys import CrawlKeys
+    from scrapy_redisspine.sharded_upkeep import ShardedUpkeep
 
 #: Redis type each key must have when it exists (``TYPE`` reply).
 EXPECTED_TYPES = {
@@ -63,6 +64,7 @@ EXPECTED_TYPES = {
     "lane_throttle": b"hash",
     "lane_pages": b"hash",
     "items": b"stream",
+    "page_holds": b"hash",
 }
 
 
@@ -317,17 +319,25 @@ class FrontierUpkeep:
         """Up to ``limit`` other crawl ids of this crawl's politeness group."""
         members = self.client.srandmember(self.keys.group_crawls, limit + 1) or []
         ids = sorted({text(member) for member in members} - {self.keys.crawl_id})
-        return ids[:limit]
+        # (an id no CrawlKeys takes, e.g. with a '/' from an older version: not swept)
+        return [crawl_id for crawl_id in ids if not set("{}/") & set(crawl_id)][:limit]
 
-    def of_crawl(self, crawl_id: str) -> FrontierUpkeep | None:
+    def of_crawl(self, crawl_id: str) -> FrontierUpkeep | ShardedUpkeep | None:
         """The upkeep of another crawl of the group, holding that crawl's epoch (so
-        its scripts write nothing once it is gone); None, and the crawl leaves the
-        group's registry, when its record is gone (purged, or lost)."""
-        keys = dataclasses.replace(self.keys, crawl_id=crawl_id)
-        epoch = self.client.hget(keys.record, "epoch")
+        its scripts write nothing once it is gone), in that crawl's layout (a sharded
+        one sweeps all its shards); None, and the crawl leaves the group's registry,
+        when its record is gone (purged, or lost)."""
+        from scrapy_redisspine.sharded_upkeep import sharded_upkeep  # (imports this module)
+
+        keys = dataclasses.replace(self.keys, crawl_id=crawl_id, shard=None, shards=1)
+        epoch, shards = self.client.hmget(keys.record, ["epoch", "shards"])
         if epoch is None:
             self.client.srem(self.keys.group_crawls, crawl_id)
             return None
+        if number(shards, 1) > 1:
+            return sharded_upkeep(self.client, dataclasses.replace(keys, shards=number(shards)),
+                                  self.worker_id, concurrency=self.concurrency,
+                                  epoch=text(epoch))
         other = FrontierUpkeep(self.client, keys, self.worker_id, concurrency=self.concurrency)
         other.epoch = text(epoch)
         return other

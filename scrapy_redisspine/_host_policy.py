@@ -28,9 +28,9 @@ if TYPE_CHECKING:
     from scrapy_redisspine._leasebook import Finished, LeaseBook
     from scrapy_redisspine._redis_io import RedisIO
     from scrapy_redisspine._results import Throttled
-    from scrapy_redisspine.frontier import Frontier
     from scrapy_redisspine.ip_lanes import IpLanes
     from scrapy_redisspine.settings import SpineConfig
+    from scrapy_redisspine.sharded import AnyFrontier
 
 logger = logging.getLogger("scrapy_redisspine.scheduler")
 
@@ -42,7 +42,7 @@ class HostPolicy:
     def __init__(
         self,
         config: SpineConfig,
-        frontier: Frontier,
+        frontier: AnyFrontier,
         guard: RedisGuard,
         book: LeaseBook,
         stats: StatsCollector,

@@ -17,8 +17,8 @@ from __future__ import annotations
 import contextlib
 import datetime
 import logging
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 import redis
 
@@ -26,6 +26,7 @@ from scrapy_redisspine.connection import RedisServerNotFound, describe_url, is_c
 from scrapy_redisspine.control import CLOSE
 from scrapy_redisspine.frontier import CorruptKeyError, Frontier, Registration
 from scrapy_redisspine.keys import CrawlKeys
+from scrapy_redisspine.sharded import AnyFrontier, ShardedFrontier
 from scrapy_redisspine.worker import WorkerConnection
 
 if TYPE_CHECKING:
@@ -58,23 +59,34 @@ class JoinRefused(Exception):
 @dataclass(frozen=True)
 class Joined:
     connection: WorkerConnection
-    frontier: Frontier
+    frontier: AnyFrontier
     registration: Registration
 
 
 def join(config: SpineConfig, crawl_id: str, spider: str, worker_id: str) -> Joined:
     """Connect, check the crawl's keys and register this worker; or refuse."""
+    try:
+        keys = CrawlKeys(config.key_prefix, crawl_id, config.politeness_group,
+                         shards=config.shards)
+    except ValueError as exc:
+        raise JoinRefused(REASON_CONFIG, str(exc)) from None
+    refused = _unsupported_with_shards(config)
+    if refused:
+        raise JoinRefused(REASON_CONFIG, refused)
     connection = _connect(config, crawl_id, worker_id)
-    frontier = Frontier(
-        connection.client, CrawlKeys(config.key_prefix, crawl_id, config.politeness_group,
-                                     cluster=is_cluster(connection.client)),
-        worker_id, config.queue_order, concurrency=config.host_concurrency,
-        backlog_cap=config.host_backlog_cap, items_cap=config.items_max_count,
-        items_max_bytes=config.items_max_bytes,
-        page_budget=0 if config.closespider_per_process else config.closespider_pagecount,
-        lane_page_limit=config.host_page_limit,
-        throttle=config.autothrottle, min_delay_ms=int(config.download_delay * 1000),
-    )
+    keys = replace(keys, cluster=is_cluster(connection.client))
+    options: dict[str, Any] = {
+        "concurrency": config.host_concurrency, "backlog_cap": config.host_backlog_cap,
+        "items_cap": config.items_max_count, "items_max_bytes": config.items_max_bytes,
+        "page_budget": 0 if config.closespider_per_process else config.closespider_pagecount,
+        "lane_page_limit": config.host_page_limit, "throttle": config.autothrottle,
+        "min_delay_ms": int(config.download_delay * 1000),
+    }
+    frontier: AnyFrontier = (
+        ShardedFrontier(connection.client, keys, worker_id, config.queue_order,
+                        holder_timeout_ms=config.worker_timeout_ms, **options)
+        if config.shards > 1
+        else Frontier(connection.client, keys, worker_id, config.queue_order, **options))
     try:
         frontier.upkeep.check_key_types()
         registration = frontier.register(
@@ -93,13 +105,37 @@ def join(config: SpineConfig, crawl_id: str, spider: str, worker_id: str) -> Joi
             f"and this is spider {spider!r}: two spiders on one crawl id would take each "
             f"other's requests. Give this spider a REDISSPINE_CRAWL_ID of its own"
         ))
+    if registration.status == "shards":
+        connection.close()
+        raise JoinRefused(REASON_CONFLICT, (
+            f"crawl {crawl_id!r} on this Redis was created with REDISSPINE_SHARDS = "
+            f"{registration.shards}, and this worker has REDISSPINE_SHARDS = "
+            f"{config.shards}: a crawl keeps its number of shards. Set "
+            f"REDISSPINE_SHARDS = {registration.shards}, or start afresh with "
+            f"REDISSPINE_FLUSH_ON_START = True (no worker alive) or another crawl id"
+        ))
     if registration.alive == 0:
         _new_run(frontier)
     _log_joined(config, crawl_id, connection, registration, worker_id)
     return Joined(connection, frontier, registration)
 
 
-def _new_run(frontier: Frontier) -> None:
+def _unsupported_with_shards(config: SpineConfig) -> str:
+    """What a sharded crawl cannot do yet, as the one line that refuses it ("": none)."""
+    if config.shards == 1:
+        return ""
+    if not config.persist:
+        return (f"REDISSPINE_PERSIST = False is not supported with REDISSPINE_SHARDS = "
+                f"{config.shards} yet (the last worker's delete spans one hash tag); keep "
+                f"the crawl and delete it with `redisspine purge`, or use one shard")
+    if config.items:
+        return (f"REDISSPINE_ITEMS is not supported with REDISSPINE_SHARDS = "
+                f"{config.shards} yet (each shard would hold its own items stream, which "
+                f"`redisspine export` does not read); use one shard, or a feed exporter")
+    return ""
+
+
+def _new_run(frontier: AnyFrontier) -> None:
     """The first worker of a new run forgets the last run's close order (a fleet-wide
     limit, ``limits``): with a raised limit the crawl goes on; with a limit still
     spent, the next lease or check sets it again. (Workers still alive are closing

@@ -47,8 +47,9 @@ if TYPE_CHECKING:
     from scrapy_redisspine._outbox import Outbox, Sending
     from scrapy_redisspine._redis_io import RedisIO
     from scrapy_redisspine._results import Repairs
-    from scrapy_redisspine.frontier import Count, EnqueueResult, Frontier, Lease, LeaseBatch
+    from scrapy_redisspine.frontier import Count, EnqueueResult, Lease, LeaseBatch
     from scrapy_redisspine.request_codec import RequestCodec
+    from scrapy_redisspine.sharded import AnyFrontier
 
     #: A lane slot's lease for a request kept in memory (Frontier.take_slot).
     SlotTaken = tuple[Lease | None, int, Repairs]
@@ -67,7 +68,7 @@ class Leaser:
     def __init__(
         self,
         *,
-        frontier: Frontier,
+        frontier: AnyFrontier,
         outbox: Outbox,
         book: LeaseBook,
         guard: RedisGuard,

@@ -31,6 +31,7 @@ import contextlib
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -59,7 +60,7 @@ from scrapy_redisspine.frontier import Frontier
 from scrapy_redisspine.keys import CrawlKeys
 from scrapy_redisspine.metrics import MAX_CRAWLS
 from scrapy_redisspine.settings import SpineConfig, load_config
-from scrapy_redisspine.sharded import stored_shards
+from scrapy_redisspine.sharded import AnyFrontier, ShardedFrontier, stored_shards
 from scrapy_redisspine.status import crawl_exists, list_crawls
 from scrapy_redisspine.worker import default_embedded_dir
 
@@ -164,12 +165,18 @@ class Context:
             # it would show (or purge, or export) an empty crawl.
             raise CliError(
                 f"crawl {crawl!r} is sharded over {shards} hash tags (ShardedFrontier); "
-                f"this command does not read sharded crawls yet (seed, pause, resume and "
-                f"drain do)"
+                f"this command does not read sharded crawls yet (seed, pause, resume, "
+                f"drain, status, dead-letters, requeue-dead, sweep, purge, list, metrics "
+                f"and dashboard do)"
             )
-        return keys
+        return replace(keys, shards=shards)
 
-    def frontier(self, keys: CrawlKeys) -> Frontier:
+    def frontier(self, keys: CrawlKeys) -> AnyFrontier:
+        """A handle on the crawl of ``keys`` in its layout (``existing`` gives the
+        crawl's number of shards)."""
+        if keys.shards > 1:
+            return ShardedFrontier(self.client, keys, "cli",
+                                   concurrency=self.config.host_concurrency)
         return Frontier(self.client, keys, "cli", concurrency=self.config.host_concurrency)
 
 

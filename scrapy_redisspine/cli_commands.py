@@ -6,10 +6,12 @@ from __future__ import annotations
 import json
 import sys
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from scrapy_redisspine import control
 from scrapy_redisspine._cli_errors import EXIT_PARTIAL, CliError
+from scrapy_redisspine._results import number as stored_number
 from scrapy_redisspine.cli_output import print_dead_letters, render_status
 from scrapy_redisspine.connection import describe_url
 from scrapy_redisspine.keys import CrawlKeys
@@ -53,7 +55,7 @@ def confirm(question: str) -> bool:
 
 
 def cmd_status(ctx: CommandContext, args: argparse.Namespace) -> int:
-    keys = ctx.existing(args.crawl)
+    keys = ctx.existing(args.crawl, sharded_ok=True)
     timeout_ms = ctx.config.worker_timeout_ms
     pace = lane_pace(ctx.config)
     clear = sys.stdout.isatty()  # never screen codes into a pipe or a file
@@ -136,7 +138,7 @@ def order_command(
 
 
 def cmd_dead_letters(ctx: CommandContext, args: argparse.Namespace) -> int:
-    upkeep = ctx.frontier(ctx.existing(args.crawl)).upkeep
+    upkeep = ctx.frontier(ctx.existing(args.crawl, sharded_ok=True)).upkeep
     if args.drop:
         dropped = upkeep.drop_dead(args.drop)
         print(f"dropped {dropped} dead letter(s)")
@@ -152,9 +154,10 @@ def cmd_dead_letters(ctx: CommandContext, args: argparse.Namespace) -> int:
 
 
 def _drop_all(ctx: CommandContext, args: argparse.Namespace) -> int:
-    keys = ctx.existing(args.crawl)
+    keys = ctx.existing(args.crawl, sharded_ok=True)
     upkeep = ctx.frontier(keys).upkeep
-    total = int(ctx.client.hlen(keys.dead))  # type: ignore[arg-type]
+    total = sum(int(ctx.client.hlen(view.dead))  # type: ignore[arg-type]
+                for view in (keys.shard_views() if keys.shards > 1 else (keys,)))
     if not total:
         print("no dead letters")
         return 0
@@ -173,7 +176,7 @@ def _drop_all(ctx: CommandContext, args: argparse.Namespace) -> int:
 
 
 def cmd_requeue_dead(ctx: CommandContext, args: argparse.Namespace) -> int:
-    frontier = ctx.frontier(ctx.existing(args.crawl))
+    frontier = ctx.frontier(ctx.existing(args.crawl, sharded_ok=True))
     letters = frontier.upkeep.dead_letters(args.limit)
     print_dead_letters(letters)
     count = frontier.upkeep.reinject_dead(letter.field for letter in letters)
@@ -185,7 +188,7 @@ def cmd_sweep(ctx: CommandContext, args: argparse.Namespace) -> int:
     """What a live worker's sweep does, once, from outside: a crawl whose workers all
     died holds its lanes' slots in the politeness group until someone sweeps it."""
     config = ctx.config
-    result = ctx.frontier(ctx.existing(args.crawl)).upkeep.requeue_stale(
+    result = ctx.frontier(ctx.existing(args.crawl, sharded_ok=True)).upkeep.requeue_stale(
         timeout_ms=config.worker_timeout_ms, ceiling_ms=config.lease_ceiling_ms,
         max_requeues=config.max_requeues, rest_ms=int(config.download_delay * 1000),
     )
@@ -196,7 +199,7 @@ def cmd_sweep(ctx: CommandContext, args: argparse.Namespace) -> int:
 
 
 def cmd_purge(ctx: CommandContext, args: argparse.Namespace) -> int:
-    keys = ctx.existing(args.crawl)
+    keys = ctx.existing(args.crawl, sharded_ok=True)
     if not args.yes:
         alive = ctx.frontier(keys).upkeep.workers_alive(ctx.config.worker_timeout_ms)
         warning = f" ({alive} worker(s) still alive!)" if alive else ""
@@ -214,16 +217,34 @@ def cmd_list(ctx: CommandContext, args: argparse.Namespace) -> int:
     if not crawls:
         print(f"no crawls on {describe_url(ctx.url)} (prefix {ctx.prefix!r})")
         return 0
-    pipe = ctx.client.pipeline(transaction=False)  # one round trip for every crawl
+    named: dict[str, CrawlKeys] = {}
     for crawl in crawls:
-        keys = ctx.keys(crawl)
-        pipe.zcard(keys.queue)
-        pipe.hlen(keys.inflight)
+        try:
+            named[crawl] = ctx.keys(crawl)
+        except CliError as exc:  # an id no crawl may have now (a '/'): said, not read
+            print(f"{crawl}\tnot read: {exc}")
+    pipe = ctx.client.pipeline(transaction=False)  # its number of shards, then counts
+    for keys in named.values():
+        pipe.hget(keys.record, "shards")
+    layouts = [replace(keys, shards=stored_number(shards, 1))
+               for keys, shards in zip(named.values(), pipe.execute(), strict=True)]
+    pipe = ctx.client.pipeline(transaction=False)  # one round trip for every crawl
+    for keys in layouts:
+        views = keys.shard_views()
+        for view in views:
+            pipe.zcard(view.queue)
+            pipe.hlen(view.inflight)
         pipe.zcard(keys.workers)
     replies = pipe.execute()
-    for i, crawl in enumerate(crawls):
-        queued, inflight, workers = replies[3 * i:3 * i + 3]
-        print(f"{crawl}\t{queued} queued\t{inflight} in flight\t{workers} worker(s)")
+    at = 0
+    for keys in layouts:
+        counts = replies[at:at + 2 * keys.shards]
+        workers = replies[at + 2 * keys.shards]
+        at += 2 * keys.shards + 1
+        queued, inflight = sum(counts[0::2]), sum(counts[1::2])
+        sharded = f"\t{keys.shards} shards" if keys.shards > 1 else ""
+        print(f"{keys.crawl_id}\t{queued} queued\t{inflight} in flight\t{workers} "
+              f"worker(s){sharded}")
     return 0
 
 
@@ -244,7 +265,7 @@ def cmd_metrics(ctx: CommandContext, args: argparse.Namespace) -> int:
                        "pip install 'scrapy-redisspine[metrics]'") from None
     from scrapy_redisspine import metrics
 
-    crawls = [ctx.existing(crawl).crawl_id for crawl in args.crawls]
+    crawls = [ctx.existing(crawl, sharded_ok=True).crawl_id for crawl in args.crawls]
     read = metrics.read_for(ctx.client, timeout_ms=ctx.config.worker_timeout_ms,
                             top_lanes=args.top, pace=lane_pace(ctx.config),
                             memory_budget_bytes=ctx.config.memory_budget_bytes)
@@ -262,7 +283,7 @@ def cmd_dashboard(ctx: CommandContext, args: argparse.Namespace) -> int:
     from scrapy_redisspine import _serving
     from scrapy_redisspine.dashboard_app import Dashboard
 
-    keys = ctx.existing(args.crawl)
+    keys = ctx.existing(args.crawl, sharded_ok=True)
     pace = lane_pace(ctx.config)
 
     def read() -> dict[str, Any]:

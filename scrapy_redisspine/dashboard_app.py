@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
     from _typeshed.wsgi import StartResponse, WSGIEnvironment
 
-    from scrapy_redisspine.frontier import Frontier
+    from scrapy_redisspine.sharded import AnyFrontier
 
 MAX_SAMPLES = 5000
 MAX_DEAD_LETTERS = 20
@@ -54,7 +54,7 @@ class Dashboard:
     """The WSGI app: ``/`` is the page, ``/api/status`` its data (503 with a one-line
     ``error`` when Redis fails: the page says so and keeps polling)."""
 
-    def __init__(self, frontier: Frontier, read: Callable[[], dict[str, Any]]) -> None:
+    def __init__(self, frontier: AnyFrontier, read: Callable[[], dict[str, Any]]) -> None:
         self.frontier = frontier
         self.read = read
         self.page = files("scrapy_redisspine.dashboard").joinpath("index.html").read_bytes()

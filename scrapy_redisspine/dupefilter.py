@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from scrapy.utils.request import RequestFingerprinterProtocol
 
     from scrapy_redisspine._redis_io import RedisIO
-    from scrapy_redisspine.frontier import Frontier
+    from scrapy_redisspine.sharded import AnyFrontier
 
 logger = logging.getLogger(__name__)
 
@@ -94,13 +94,17 @@ class RedisDupeFilter(BaseDupeFilter):
         self.crawler = crawler
         self.clock = clock
         self.logdupes = True
-        self.dedup: Dedup | None = None
+        self.dedup: Dedup | None = None  # the one maintained next (of ``dedups``)
+        #: One per shard of the crawl (REDISSPINE_SHARDS): a URL's dedup lives in its
+        #: lane's shard; maintenance takes them in turn.
+        self.dedups: list[Dedup] = []
         self._tracking = (
             tracking_params(config.dedup_extra_tracking_params)
             if config.dedup_strip_tracking_params else None
         )
         self._client: redis.Redis | None = None
         self._keys: CrawlKeys | None = None
+        self._views: list[CrawlKeys] = []  # each shard's keys, once bound
         self._own_connection: WorkerConnection | None = None
         self._timer: DelayedCall | None = None
         self._io: RedisIO | None = None  # the scheduler's, once bound
@@ -118,12 +122,14 @@ class RedisDupeFilter(BaseDupeFilter):
             clock=CrawlClock(),
         )
 
-    def bind(self, frontier: Frontier, io: RedisIO | None = None) -> None:
+    def bind(self, frontier: AnyFrontier, io: RedisIO | None = None) -> None:
         """Share the scheduler's connection and crawl keys, and where its Redis calls
         run (``io``: the maintenance steps then run off the crawl's loop)."""
         self._client = frontier.client
         self._keys = frontier.keys
         self._io = io
+        self._views = (list(frontier.keys.shard_views()) if frontier.keys.shards > 1
+                       else [frontier.keys])
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -138,13 +144,16 @@ class RedisDupeFilter(BaseDupeFilter):
             self._keys = CrawlKeys(self.config.key_prefix, crawl_id,
                                    self.config.politeness_group,
                                    cluster=is_cluster(self._client))
-        self.dedup = Dedup(self._client, self._keys, DedupParams.from_config(self.config))
-        state = self.dedup.open()
-        if state.mode != MODE_SET:
-            logger.info(
-                "redisspine: dedup record of crawl %r is a %s Bloom filter (%s)",
-                self._keys.crawl_id, state.impl, state.mode,
-            )
+        params = DedupParams.from_config(self.config)
+        self.dedups = [Dedup(self._client, view, params) for view in self._views or [self._keys]]
+        self.dedup = self.dedups[0]
+        for dedup in self.dedups:
+            state = dedup.open()
+            if state.mode != MODE_SET:
+                logger.info(
+                    "redisspine: dedup record %s of crawl %r is a %s Bloom filter (%s)",
+                    dedup.keys.dedup, self._keys.crawl_id, state.impl, state.mode,
+                )
         if self.clock is not None:
             self._timer = self.clock.callLater(0, self._tick)
 
@@ -166,6 +175,10 @@ class RedisDupeFilter(BaseDupeFilter):
     def request_seen(self, request: Request) -> bool:
         if self.dedup is None:
             raise RuntimeError("RedisDupeFilter.request_seen() called before open()")
+        if len(self.dedups) > 1:
+            raise RuntimeError("RedisDupeFilter.request_seen() cannot check a sharded "
+                               "crawl (a URL's record is in its lane's shard): the "
+                               "scheduler checks in its enqueue")
         return not self.dedup.add([self.fingerprint(request)])[0]
 
     # -- the SET-to-Bloom switch ----------------------------------------------------------
@@ -219,6 +232,10 @@ class RedisDupeFilter(BaseDupeFilter):
 
     def _next_tick(self, step: MaintenanceStep | None) -> None:
         more = step is not None and step.more
+        if not more and len(self.dedups) > 1 and self.dedup is not None:
+            # the next shard's record (a migration is finished before moving on)
+            turn = (self.dedups.index(self.dedup) + 1) % len(self.dedups)
+            self.dedup = self.dedups[turn]
         delay = MIGRATION_PAUSE_SECONDS if more else self.config.dedup_check_seconds
         if self.clock is not None and self._timer is not None:
             self._timer = self.clock.callLater(delay, self._tick)
@@ -230,7 +247,8 @@ class RedisDupeFilter(BaseDupeFilter):
             logger.info(
                 "redisspine: dedup SET %s passed %d fingerprints: switching crawl %r to a "
                 "%s Bloom filter (capacity %d, error rate %g) without stopping",
-                self._keys.seen, self.config.dedup_set_max_fingerprints, self._keys.crawl_id,
+                self.dedup.keys.seen, self.config.dedup_set_max_fingerprints,
+                self._keys.crawl_id,
                 self.dedup.impl, self.config.bloom_capacity, self.config.bloom_error_rate,
             )
             self._inc("redisspine/dedup/switched")
@@ -238,7 +256,7 @@ class RedisDupeFilter(BaseDupeFilter):
             self._inc("redisspine/dedup/migrated", step.moved)
         if step.finished:
             logger.info("redisspine: dedup switch done: the SET is gone, %s holds the "
-                        "record", self._keys.bloom)
+                        "record", self.dedup.keys.bloom)
 
     def _warn_if_full(self) -> None:
         assert self.dedup is not None

@@ -47,8 +47,10 @@ if TYPE_CHECKING:
 
     from scrapy_redisspine._redis_io import RedisIO
     from scrapy_redisspine._results import EnqueueResult
-    from scrapy_redisspine.frontier import Frontier, NewRequest
+    from scrapy_redisspine.frontier import NewRequest
+    from scrapy_redisspine.keys import CrawlKeys
     from scrapy_redisspine.settings import SpineConfig
+    from scrapy_redisspine.sharded import AnyFrontier
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +83,7 @@ class FeedDrain:
         self.worker: signals.WorkerView | None = None
         self.spider: Spider | None = None
         self.store: FeedStore | None = None
-        self._frontier: Frontier | None = None
+        self._frontier: AnyFrontier | None = None
         self._type_warned = False
         self._slot_warned = False
         self._draining = False  # a drain on its way (a slow Redis): the next tick skips
@@ -116,7 +118,10 @@ class FeedDrain:
         self.spider = spider
         self.worker = worker
         upkeep = worker.upkeep
-        self.store = FeedStore(upkeep.client, upkeep.keys,
+        # A sharded crawl's feed ends its batches on shard 0's keys (its bad entries
+        # join that shard's dead letters, where `redisspine dead-letters` finds them);
+        # its requests go to their lanes' shards (push_frontier).
+        self.store = FeedStore(upkeep.client, self._store_keys(upkeep.keys),
                                feed_key(self.config.feed_key, self.spider.name))
         self.store.epoch = upkeep.epoch
         self._frontier = push_frontier(upkeep.client, upkeep.keys, self.options,
@@ -128,6 +133,10 @@ class FeedDrain:
         # loop's thread, done before the scheduler's first lease).
         self._next_batch(InlineIO(self.stats), BATCHES_PER_TICK)
         self._timer.start()
+
+    @staticmethod
+    def _store_keys(keys: CrawlKeys) -> CrawlKeys:
+        return keys.shard_view(0) if keys.shards > 1 else keys
 
     @property
     def running(self) -> bool:
@@ -236,8 +245,11 @@ class FeedDrain:
         (``feed_done`` must touch it and the crawl's keys in one script): its entries
         stay where they are, counted, with one error line per worker. Checked only
         when the feed holds entries, so the default key, unused, costs no error."""
-        if self.worker is None or same_slot(self.worker.upkeep.client, store.feed_key,
-                                            self.worker.upkeep.keys.record):
+        worker = self.worker
+        if worker is None:
+            return False
+        keys = self._store_keys(worker.upkeep.keys)
+        if same_slot(worker.upkeep.client, store.feed_key, keys.record):
             return False
         self.stats.inc_value("redisspine/feed/cross_slot")
         if not self._slot_warned:
@@ -245,7 +257,7 @@ class FeedDrain:
             logger.error(
                 "redisspine: the feed %s is not drained: on Redis Cluster its name must "
                 "carry the crawl's hash tag, e.g. REDISSPINE_FEED_KEY = '{%s}:start_urls'",
-                store.feed_key, self.worker.upkeep.keys.crawl_id)
+                store.feed_key, keys.tag())
         return True
 
     def _sort(

@@ -42,6 +42,7 @@ key                        type    written by                      lifetime
 ``P:{g:G}:lane_throttle``  HASH    ack (enqueue script)            the group's life
 ``P:{C}:lane_pages``       HASH    lease (script)                  whole crawl
 ``P:{C}:items``            STREAM  enqueue (script, with acks)     whole crawl
+``P:{C}:page_holds``       HASH    take_pages (script)             whole crawl (sharded)
 ``P:crawls``               SET     register (script)               until purged
 ``P:{g:G}:crawls``         SET     register (worker)               until purged
 =========================  ======  ==============================  =====================
@@ -148,10 +149,15 @@ UTF-8 bytes, mod N: the same in every process). Key by key:
   host's, by ``download_slot`` meta or ``DOWNLOAD_SLOTS``, is deduplicated within its
   lane's shard, so the same URL in two lanes may be fetched once per lane), its
   counters (stats: the crawl's totals are the sum over its shards) and its items.
+- ``page_holds`` (sharded crawls with a fleet-wide ``CLOSESPIDER_PAGECOUNT`` only):
+  worker id -> pages it took from the budget for the lease under way and has not
+  settled yet; the budget's count is ``pages_taken`` in the crawl-wide ``stats``
+  (scripts/take_pages.lua).
 - Crawl-wide, ``P:{C}:<name>``: workers, record (which also keeps ``shards``: the N the
   crawl was created with; a record without it means 1, and a worker with another N
-  is refused at register), control, fleet_stats, worker_stats, progress, starting;
-  the registries. The crawl-wide view's frontier keys exist in name only (never
+  is refused at register), control, fleet_stats, worker_stats, progress, starting,
+  page_holds (and stats, for the counts of count_limits, add_shed and take_pages); the
+  registries. The crawl-wide view's frontier keys exist in name only (never
   written in a sharded crawl).
 - Group keys: on one server they keep ``{g:G}``; on Redis Cluster they take the
   shard's tag (``P:{C/i}:g:<name>``), as an unsharded crawl's take the crawl's.
@@ -240,6 +246,12 @@ class CrawlKeys:
                     f"group {self.group!r} must not contain {char!r}: braces delimit the "
                     "Redis Cluster hash tag"
                 )
+        if "/" in self.crawl_id:
+            raise ValueError(
+                f"crawl id {self.crawl_id!r} must not contain '/': a sharded crawl's "
+                "hash tags are '{crawl id/shard}', which another crawl's id with a '/' "
+                "could equal"
+            )
 
     def tag(self) -> str:
         """The hash tag of this view's frontier keys (the crawl id, or ``C/shard``)."""
@@ -388,6 +400,10 @@ class CrawlKeys:
         return self._key("items")
 
     @property
+    def page_holds(self) -> str:
+        return self._key("page_holds")
+
+    @property
     def crawls(self) -> str:
         """The registry of crawl ids: shared by all crawls under this prefix."""
         return f"{self.prefix}:crawls"
@@ -445,6 +461,7 @@ class CrawlKeys:
             self.starting,
             self.lane_pages,
             self.items,
+            self.page_holds,
         )
 
 

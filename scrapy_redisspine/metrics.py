@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import redis
@@ -192,8 +193,12 @@ def serve(collector: Collector, host: str, port: int, announce: Callable[[str], 
 
 def read_for(client: redis.Redis, *, timeout_ms: int, top_lanes: int,
              **options: Any) -> Callable[[CrawlKeys], dict[str, Any]]:
-    """The status read of one crawl, as ``redisspine status`` would make it."""
+    """The status read of one crawl, as ``redisspine status`` would make it (in the
+    crawl's layout: a sharded crawl's shards summed)."""
+    from scrapy_redisspine.sharded import stored_shards
+
     def read(keys: CrawlKeys) -> dict[str, Any]:
+        keys = replace(keys, shards=stored_shards(client, keys))
         return read_status(client, keys, timeout_ms=timeout_ms, top_hosts=top_lanes, **options)
 
     return read

@@ -23,7 +23,7 @@ from scrapy_redisspine.keys import DEFAULT_GROUP, CrawlKeys
 from scrapy_redisspine.politeness import make_lane_function
 from scrapy_redisspine.request_codec import RequestCodec
 from scrapy_redisspine.serialization import get_serializer
-from scrapy_redisspine.sharded import ShardedFrontier, stored_shards
+from scrapy_redisspine.sharded import AnyFrontier, ShardedFrontier, stored_shards
 from scrapy_redisspine.tracking import tracking_params
 from scrapy_redisspine.worker import new_worker_id
 
@@ -96,9 +96,15 @@ def new_requests(
 
 def push_frontier(
     client: redis.Redis, keys: CrawlKeys, options: PushOptions, worker_id: str = ""
-) -> Frontier:
-    """A frontier handle that enqueues as the crawl's workers do."""
-    return Frontier(client, keys, worker_id or f"push:{new_worker_id()}", options.order,
+) -> AnyFrontier:
+    """A frontier handle that enqueues as the crawl's workers do (in the layout of
+    ``keys``: a sharded one routes each request to its lane's shard)."""
+    worker_id = worker_id or f"push:{new_worker_id()}"
+    if keys.shards > 1:
+        return ShardedFrontier(client, keys, worker_id, options.order,
+                               concurrency=options.host_concurrency,
+                               backlog_cap=options.backlog_cap)
+    return Frontier(client, keys, worker_id, options.order,
                     concurrency=options.host_concurrency, backlog_cap=options.backlog_cap)
 
 
@@ -110,12 +116,7 @@ def push_entries(
     the entries fall in, for a crawl created sharded: ``sharded.py``)."""
     requests = new_requests(entries, options, fingerprinter)
     shards = stored_shards(client, keys)
-    if shards > 1:
-        return ShardedFrontier(
-            client, replace(keys, shards=shards), f"push:{new_worker_id()}", options.order,
-            concurrency=options.host_concurrency, backlog_cap=options.backlog_cap,
-        ).push(requests)
-    return push_frontier(client, keys, options).push(requests)
+    return push_frontier(client, replace(keys, shards=shards), options).push(requests)
 
 
 def push_requests(

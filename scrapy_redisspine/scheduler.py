@@ -59,7 +59,6 @@ from scrapy_redisspine.dupefilter import RedisDupeFilter, fleet_dupefilter
 from scrapy_redisspine.frontier import (
     CorruptKeyError,
     EnqueueResult,
-    Frontier,
     Heartbeat,
     NewRequest,
 )
@@ -74,6 +73,8 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
     from scrapy.statscollectors import StatsCollector
 
+    from scrapy_redisspine.sharded import AnyFrontier
+
 
 #: Longest a scheduler waits for a lease reply from a near Redis (see next_request).
 NEAR_WAIT_SECONDS = 0.05
@@ -86,7 +87,7 @@ class Scheduler(BaseScheduler):
     """Distributed scheduler: Scrapy's interface over the parts listed in the module
     docstring. The parts exist from :meth:`open` on."""
 
-    frontier: Frontier
+    frontier: AnyFrontier
     codec: RequestCodec
     connection: WorkerConnection
     outbox: Outbox

@@ -87,6 +87,13 @@ SETTINGS: tuple[Setting, ...] = (
             "frontier. Defaults to the spider's name."),
     Setting("REDISSPINE_KEY_PREFIX", "redisspine", as_text, (),
             "Prefix of every Redis key the plugin writes."),
+    Setting("REDISSPINE_SHARDS", 1, as_number, (int, 1),
+            "How many hash tags the crawl's frontier is spread over: `{crawl id/0}` ... "
+            "`{crawl id/N-1}`, each lane (with its queue and the dedup of its URLs) in "
+            "one of them, so that a Redis Cluster spreads one crawl over its masters. "
+            "`1` (the default) keeps every key under `{crawl id}`. Fixed when the crawl "
+            "is created: a worker with another number is refused at open. See "
+            "\"Shards\" in How it works."),
     Setting("REDISSPINE_PERSIST", True, as_bool, (),
             "Keep the crawl's keys when it finishes, so a later run resumes it (and "
             "skips what was seen). With `False` the last worker to finish deletes "
@@ -311,6 +318,7 @@ class SpineConfig:
     redis_url: str | None
     crawl_id: str | None
     key_prefix: str
+    shards: int
     persist: bool
     flush_on_start: bool
     serializer: str

@@ -44,6 +44,8 @@ from scrapy_redisspine._results import (
     fields,
     lease_batch,
     number,
+    repairs_of,
+    text,
 )
 from scrapy_redisspine._results import fleet_counts as read_fleet_counts
 from scrapy_redisspine._shards import (
@@ -84,10 +86,6 @@ def stored_shards(client: redis.Redis, keys: CrawlKeys) -> int:
     return number(client.hget(keys.record, "shards"), 1)
 
 
-class ShardingUnsupported(ValueError):
-    """A sharded crawl was asked of a Redis it cannot run on (Redis Cluster)."""
-
-
 class ShardedFrontier:
     """One worker's handle on a sharded crawl: routes every call to its shards.
 
@@ -101,10 +99,12 @@ class ShardedFrontier:
             raise ValueError("a ShardedFrontier takes the crawl-wide keys, not a shard's")
         if keys.cluster != is_cluster(client):
             raise ValueError("the keys' cluster flag must say whether the client is one")
-        if keys.shards > 1 and options.get("page_budget"):
-            raise ShardingUnsupported(
-                f"a fleet-wide page budget (CLOSESPIDER_PAGECOUNT) is not supported with "
-                f"REDISSPINE_SHARDS = {keys.shards} yet: each shard would count its own")
+        #: CLOSESPIDER_PAGECOUNT fleet-wide: kept on the crawl-wide keys and taken
+        #: before each lease (take_pages.lua), never by the shards' lease scripts.
+        self.page_budget = int(options.pop("page_budget", 0) or 0)
+        #: A page holder silent this long is dead (REDISSPINE_WORKER_TIMEOUT_SECONDS).
+        self.holder_timeout_ms = int(options.pop("holder_timeout_ms", 30_000))
+        self._unsettled: int | None = None  # pages leased of a hold not settled yet
         self.client = client
         self.keys = keys
         self.worker_id = worker_id
@@ -118,6 +118,12 @@ class ShardedFrontier:
     @property
     def epoch(self) -> str:
         return self.crawl.epoch
+
+    @epoch.setter
+    def epoch(self, epoch: str) -> None:
+        """The crawl's identity, for a handle that did not register (a feed drain)."""
+        for part in (self.crawl, *self.shards):
+            part.epoch = part.upkeep.epoch = epoch
 
     # -- the crawl-wide calls ------------------------------------------------------------
 
@@ -156,6 +162,7 @@ class ShardedFrontier:
         self.crawl.done_starting()
 
     def leave(self) -> None:
+        self._settle()
         self.crawl.leave()
 
     def collect(self) -> Collected:
@@ -257,6 +264,37 @@ class ShardedFrontier:
     # -- leases --------------------------------------------------------------------------
 
     def lease(self, count: int) -> LeaseBatch:
+        """Up to ``count`` requests from the shards (:meth:`_lease`); with a page
+        budget, at most what this worker took from it first, and what it did not
+        lease goes back (take_pages.lua). A lease that raises settles its whole hold
+        as spent: the budget is never over-spent, at worst under-spent."""
+        if not self.page_budget or count <= 0:
+            return self._lease(count)
+        granted, close_reason, repairs = self._take_pages(count)
+        if not granted:
+            return replace(self._lease(0), close_reason=close_reason,
+                           repairs=repairs)
+        self._unsettled = granted  # until the shards said how many they gave
+        batch = self._lease(granted)
+        self._unsettled = len(batch.leases)
+        self._settle()
+        return replace(batch, repairs=batch.repairs + repairs) if repairs else batch
+
+    def _take_pages(self, want: int) -> tuple[int, str, tuple[str, ...]]:
+        """Settle the last hold (if one is open) and take up to ``want`` pages."""
+        used = "" if self._unsettled is None else str(self._unsettled)
+        granted, reason, repairs = fields(self.crawl.run_script("take_pages", [
+            self.epoch, self.worker_id, self.page_budget, used, want,
+            self.holder_timeout_ms]), 3)
+        self._unsettled = None
+        return number(granted), text(reason), repairs_of(repairs)
+
+    def _settle(self) -> None:
+        """Give back what the last hold did not lease (nothing open: no call)."""
+        if self.page_budget and self._unsettled is not None:
+            self._take_pages(0)
+
+    def _lease(self, count: int) -> LeaseBatch:
         """Up to ``count`` requests from the shards, starting one shard further than the
         last call did.
 
@@ -358,3 +396,7 @@ class ShardedFrontier:
         for shard in self.shards:
             seen.setdefault(key(shard.keys), shard)
         return list(seen.values())
+
+
+#: What a worker's parts hold: one crawl's frontier, sharded or not (``_joining``).
+AnyFrontier = Frontier | ShardedFrontier

@@ -8,15 +8,18 @@ are: each shard numbers its own.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
-from scrapy_redisspine._frontier_upkeep import DeadLetter
-from scrapy_redisspine._results import Count, SweepResult, number
+from scrapy_redisspine._frontier_upkeep import DeadLetter, FrontierUpkeep
+from scrapy_redisspine._results import Count, SweepResult, UnindexedResult, number
+from scrapy_redisspine.connection import routed_to
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable
+    from collections.abc import Callable, Iterable, Mapping
 
-    from scrapy_redisspine._frontier_upkeep import FrontierUpkeep
+    import redis
+
     from scrapy_redisspine.keys import CrawlKeys
 
 
@@ -40,8 +43,21 @@ class ShardedUpkeep:
         self.crawl = crawl
         self.shards = shards
 
+    @property
+    def client(self) -> redis.Redis:
+        return self.crawl.client
+
+    @property
+    def epoch(self) -> str:
+        return self.crawl.epoch
+
+    @property
+    def worker_id(self) -> str:
+        return self.crawl.worker_id
+
     def requeue_stale(self, *, timeout_ms: int, ceiling_ms: int, max_requeues: int,
-                      limit: int = 1000, as_worker: bool = False) -> SweepResult:
+                      limit: int = 1000, as_worker: bool = False, rest_ms: int = 0,
+                      lane_rests: Mapping[str, int] | None = None) -> SweepResult:
         """Sweep every shard (``FrontierUpkeep.requeue_stale``, ``limit`` per shard).
 
         A dead worker leaves ``workers`` only once every shard's sweep took all its
@@ -61,7 +77,8 @@ class ShardedUpkeep:
                 shard.run_script("copy_workers", pairs)
         results = [shard.requeue_stale(timeout_ms=timeout_ms, ceiling_ms=ceiling_ms,
                                        max_requeues=max_requeues, limit=limit,
-                                       as_worker=as_worker, remove=False)
+                                       as_worker=as_worker, remove=False, rest_ms=rest_ms,
+                                       lane_rests=lane_rests)
                    for shard in self.shards]
         everywhere = set(results[0].swept).intersection(*(r.swept for r in results[1:]))
         removed = 0
@@ -88,6 +105,15 @@ class ShardedUpkeep:
             if len(letters) >= limit:
                 break
         return letters
+
+    def dead_letter_names(self, limit: int) -> list[str]:
+        """Up to ``limit`` dead-letter names of all shards (``shard/field``)."""
+        names: list[str] = []
+        for index, shard in enumerate(self.shards):
+            names += [f"{index}/{name}" for name in shard.dead_letter_names(limit - len(names))]
+            if len(names) >= limit:
+                break
+        return names
 
     def reinject_dead(self, names: Iterable[str]) -> Count:
         """Put dead letters back in their shards' queues: how many."""
@@ -123,3 +149,89 @@ class ShardedUpkeep:
                 deleted += shard.purge_keys(
                     [*named, *(key for key in view.shard_keys() if key not in named)])
         return deleted
+
+    def repair_unindexed(self, cursor: str = "0", limit: int = 100, *, timeout_ms: int,
+                         max_requeues: int, rest_ms: int = 0,
+                         lane_rests: Mapping[str, int] | None = None) -> UnindexedResult:
+        """One bounded step of ``FrontierUpkeep.repair_unindexed``, through the shards
+        one after the other: the cursor is ``"<shard>:<shard's cursor>"`` ("0": start
+        at shard 0; the result's "0": a pass over every shard is done). A cursor that
+        is not one (another layout's) starts a pass again."""
+        shard, _, own = cursor.partition(":")
+        index = int(shard) if shard.isdigit() and own else 0
+        if index >= len(self.shards):
+            index, own = 0, "0"
+        result = self.shards[index].repair_unindexed(
+            own or "0", limit, timeout_ms=timeout_ms, max_requeues=max_requeues,
+            rest_ms=rest_ms, lane_rests=lane_rests)
+        if result.cursor != "0":
+            after = f"{index}:{result.cursor}"
+        elif index + 1 < len(self.shards):
+            after = f"{index + 1}:0"
+        else:
+            after = "0"
+        return dataclasses.replace(result, cursor=after)
+
+    def read_fleet_stats(self) -> tuple[dict[str, int], list[str]]:
+        """The crawl's counters: each shard's (enqueued, leased, acked ...) and the
+        crawl-wide ones (shed, scraped, spider errors: ``count_limits``), summed;
+        and the names of fields that held no integer."""
+        counters: dict[str, int] = {}
+        bad: list[str] = []
+        for part in (self.crawl, *self.shards):
+            these, wrong = part.read_fleet_stats()
+            for name, value in these.items():
+                counters[name] = counters.get(name, 0) + value
+            bad += [name for name in wrong if name not in bad]
+        return counters, bad
+
+    def fleet_stats(self) -> dict[str, int]:
+        return self.read_fleet_stats()[0]
+
+    def workers_alive(self, timeout_ms: int) -> int:
+        return self.crawl.workers_alive(timeout_ms)
+
+    def memory(self) -> tuple[int, int]:
+        """(used_memory, maxmemory) of the fullest server the crawl lives on: on one
+        server, that server's; on Redis Cluster, of the masters that hold its shards,
+        the one nearest its maxmemory (or the one using most, if none has one)."""
+        if not self.keys.cluster:
+            return self.crawl.memory()
+        readings = []
+        seen: set[str] = set()
+        for part in (self.crawl, *self.shards):
+            node = str(routed_to(self.client, part.keys.queue).get("target_nodes", ""))
+            if node in seen:
+                continue
+            seen.add(node)
+            readings.append(part.memory())
+        return max(readings, key=lambda pair: (pair[0] / pair[1] if pair[1] else 0.0,
+                                               pair[0]))
+
+    def record_progress(self, worker_acks: int, fleet_acks: int) -> None:
+        self.crawl.record_progress(worker_acks, fleet_acks)
+
+    def count_limits(self, items: int, errors: int, *, item_limit: int, error_limit: int,
+                     timeout_ms: int) -> str:
+        """On the crawl-wide keys (its stats, control and record)."""
+        return self.crawl.count_limits(items, errors, item_limit=item_limit,
+                                       error_limit=error_limit, timeout_ms=timeout_ms)
+
+    def group_crawls(self, limit: int) -> list[str]:
+        return self.crawl.group_crawls(limit)
+
+    def of_crawl(self, crawl_id: str) -> FrontierUpkeep | ShardedUpkeep | None:
+        return self.crawl.of_crawl(crawl_id)
+
+
+def sharded_upkeep(client: redis.Redis, keys: CrawlKeys, worker_id: str, *,
+                   concurrency: int = 1, epoch: str = "") -> ShardedUpkeep:
+    """The upkeep of a sharded crawl for a worker or tool that holds no frontier of it
+    (a sweep of another crawl of the politeness group), with its epoch."""
+    crawl = FrontierUpkeep(client, keys, worker_id, concurrency=concurrency)
+    shards = [FrontierUpkeep(client, view, worker_id, concurrency=concurrency)
+              for view in keys.shard_views()]
+    for part in (crawl, *shards):
+        part.epoch = epoch
+    return ShardedUpkeep(keys, crawl, shards)
+

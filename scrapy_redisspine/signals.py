@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from scrapy_redisspine._itembox import ItemBox
     from scrapy_redisspine._redis_io import RedisIO
     from scrapy_redisspine._starts import StartRegistry
+    from scrapy_redisspine.sharded_upkeep import ShardedUpkeep
 
 #: Sent by the scheduler once it joined its crawl. Arguments: ``worker`` (a
 #: :class:`WorkerView`).
@@ -35,7 +36,8 @@ class WorkerView:
     """What other components may use of an open worker (see the module docstring)."""
 
     worker_id: str
-    upkeep: FrontierUpkeep  # sweeps, counts, fleet stats, memory: the frontier's upkeep
+    #: sweeps, counts, fleet stats, memory: the frontier's upkeep (of every shard)
+    upkeep: FrontierUpkeep | ShardedUpkeep
     guard: RedisGuard  # ask before calling Redis, report failures, memory pressure
     hosts: HostPolicy  # delays; Retry-After and Crawl-delay from responses
     wake: Callable[[], None]  # new work may be in Redis: lease soon

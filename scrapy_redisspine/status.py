@@ -6,7 +6,9 @@ counts come from ZCARD/HLEN, the top hosts from one bounded HSCAN of ``backlog``
 
 Keys read: queue, inflight, dead, stats, fleet_stats, worker_stats, workers,
 progress, backlog, busy, group_busy, hosts, host_next, host_delay, lane_limits,
-lane_throttle, seen, dedup, bloom, control, record.
+lane_throttle, seen, dedup, bloom, control, record. For a sharded crawl (keys with
+``shards`` > 1) the frontier's keys of every shard (``_views``): counts and counters
+summed, lanes read in their own shard.
 """
 
 from __future__ import annotations
@@ -114,10 +116,25 @@ def _rates(samples: list[Sample], now_ms: int, acked: int) -> tuple[float | None
     return fleet, workers
 
 
+def _views(keys: CrawlKeys) -> tuple[CrawlKeys, ...]:
+    """The views whose frontier keys hold the crawl: its shards', or its own."""
+    return keys.shard_views() if keys.shards > 1 else (keys,)
+
+
+def _view_of(keys: CrawlKeys, lane: str) -> CrawlKeys:
+    return keys.shard_view(keys.shard_of(lane)) if keys.shards > 1 else keys
+
+
 def _backlog(client: redis.Redis, keys: CrawlKeys) -> dict[str, int]:
-    """Lane -> requests queued, for at most ``_BACKLOG_SCAN_FIELDS`` lanes."""
-    raw = _scan_hash(client, keys.backlog, _BACKLOG_SCAN_FIELDS)
-    return {lane: int(_number(value)) for lane, value in raw.items()}
+    """Lane -> requests queued, for at most ``_BACKLOG_SCAN_FIELDS`` lanes (of every
+    shard: a lane lives in one)."""
+    backlog: dict[str, int] = {}
+    for view in _views(keys):
+        raw = _scan_hash(client, view.backlog, _BACKLOG_SCAN_FIELDS - len(backlog))
+        backlog.update((lane, int(_number(value))) for lane, value in raw.items())
+        if len(backlog) >= _BACKLOG_SCAN_FIELDS:
+            break
+    return backlog
 
 
 def _hosts(
@@ -125,10 +142,23 @@ def _hosts(
 ) -> list[dict[str, Any]]:
     lanes = sorted(backlog, key=lambda lane: -backlog[lane])[:top]
     # and the busy lanes with nothing queued (their last fetches), so that every busy
-    # lane's delay shows: at most `top` more, one bounded HSCAN
-    lanes += [lane for lane in _scan_hash(client, keys.busy, top) if lane not in backlog][:top]
+    # lane's delay shows: at most `top` more, one bounded HSCAN (per shard)
+    busy_lanes = [lane for view in _views(keys) for lane in _scan_hash(client, view.busy, top)]
+    lanes += [lane for lane in busy_lanes if lane not in backlog][:top]
     if not lanes:
         return []
+    if keys.shards > 1:  # each lane in its shard's keys, in the order asked
+        by_view: dict[int, list[str]] = {}
+        for lane in lanes:
+            by_view.setdefault(keys.shard_of(lane), []).append(lane)
+        rows = {row["lane"]: row for index, these in by_view.items()
+                for row in _lane_rows(client, keys.shard_view(index), these, backlog, now_ms)}
+        return [rows[lane] for lane in lanes]
+    return _lane_rows(client, keys, lanes, backlog, now_ms)
+
+
+def _lane_rows(client: redis.Redis, keys: CrawlKeys, lanes: list[str],
+               backlog: dict[str, int], now_ms: int) -> list[dict[str, Any]]:
     pipe = client.pipeline(transaction=False)
     pipe.hmget(keys.busy, lanes)
     pipe.zmscore(keys.hosts, lanes)
@@ -157,18 +187,23 @@ def _hosts(
 
 
 def _dedup(client: redis.Redis, keys: CrawlKeys) -> dict[str, Any]:
-    mode = client.hget(keys.dedup, "mode")
-    seen = client.scard(keys.seen)
+    """The dedup record; of a sharded crawl, its shards' summed (the mode: the one
+    they share, or each shard's, comma-separated, while they differ)."""
+    views = _views(keys)
+    modes = [client.hget(view.dedup, "mode") for view in views]
+    seen = sum(int(client.scard(view.seen)) for view in views)  # type: ignore[arg-type]
     pipe = client.pipeline(transaction=False)
-    pipe.memory_usage(keys.seen)
-    pipe.memory_usage(keys.bloom)
+    for view in views:
+        pipe.memory_usage(view.seen)
+        pipe.memory_usage(view.bloom)
     try:
         memory: int | None = sum(int(size or 0) for size in pipe.execute())
     except redis.ResponseError:  # MEMORY disabled (rename-command) or unsupported
         memory = None
+    named = [_text(mode) if mode else "set" for mode in modes]
     return {
-        "mode": _text(mode) if mode else "set",
-        "set_size": int(seen),  # type: ignore[arg-type]
+        "mode": named[0] if len(set(named)) == 1 else ",".join(named),
+        "set_size": seen,
         "memory_bytes": memory,
     }
 
@@ -265,6 +300,19 @@ def _state(status: dict[str, Any]) -> str:
     return "running" if status["workers_alive"] else "waiting for workers"
 
 
+def _slowest(client: redis.Redis, keys: CrawlKeys, backlog: dict[str, int],
+             pace: LanePace) -> dict[str, Any] | None:
+    """The slowest lane (status_eta), each lane read in its shard's keys."""
+    if keys.shards == 1:
+        return slowest_lane(client, keys, backlog, pace)
+    found = [slowest_lane(client, keys.shard_view(index),
+                          {lane: n for lane, n in backlog.items()
+                           if keys.shard_of(lane) == index}, pace)
+             for index in range(keys.shards)]
+    return max((lane for lane in found if lane is not None),
+               key=lambda lane: lane["seconds"], default=None)
+
+
 def read_status(
     client: redis.Redis, keys: CrawlKeys, *, timeout_ms: int = 30_000, top_hosts: int = 10,
     pace: LanePace | None = None, memory_budget_bytes: int = 0,
@@ -274,16 +322,23 @@ def read_status(
     ``memory_budget_bytes`` its REDISSPINE_MEMORY_BUDGET_BYTES."""
     seconds, micros = client.time(**routed_to(client, keys.workers))
     now_ms = seconds * 1000 + micros // 1000
+    views = _views(keys)
     pipe = client.pipeline(transaction=False)
-    pipe.zcard(keys.queue)
-    pipe.hlen(keys.inflight)
-    pipe.hlen(keys.dead)
+    for view in views:
+        pipe.zcard(view.queue)
+        pipe.hlen(view.inflight)
+        pipe.hlen(view.dead)
+        pipe.xlen(view.items)
     pipe.zcard(keys.workers)
     pipe.zrangebyscore(keys.progress, now_ms - RATE_WINDOW_MS, "+inf", 0, _MAX_SAMPLES)
     pipe.hget(keys.record, "finished_ms")
-    pipe.xlen(keys.items)
-    queued, inflight, dead, workers_total, raw_samples, finished_ms, items = pipe.execute()
-    counters = {k: _number(v) for k, v in _scan_hash(client, keys.stats, 100).items()}
+    *per_view, workers_total, raw_samples, finished_ms = pipe.execute()
+    queued, inflight, dead, items = (sum(per_view[i::4]) for i in range(4))
+    counters: dict[str, int | float] = {}
+    # a sharded crawl's counters: each shard's and the crawl-wide ones (shed ...)
+    for stats in [view.stats for view in views] + ([keys.stats] if keys.shards > 1 else []):
+        for name, value in _scan_hash(client, stats, 100).items():
+            counters[name] = counters.get(name, 0) + _number(value)
     raw_fleet = _scan_hash(client, keys.fleet_stats, _MAX_STAT_FIELDS)
     fleet = {name: _number(value) for name, value in sorted(raw_fleet.items())}
     samples = [s for s in map(Sample.parse, raw_samples) if s is not None]
@@ -294,6 +349,7 @@ def read_status(
     backlog = _backlog(client, keys)
     status: dict[str, Any] = {
         "crawl": keys.crawl_id,
+        "shards": keys.shards,
         "time_ms": now_ms,
         "queued": int(queued),
         "in_flight": int(inflight),
@@ -310,7 +366,7 @@ def read_status(
     status["state"] = _state(status)
     if status["state"] == "finished":
         rate = None  # a finished crawl has no rate: the last minute's acks were its end
-    slowest = slowest_lane(client, keys, backlog, pace or LanePace())
+    slowest = _slowest(client, keys, backlog, pace or LanePace())
     status["eta_seconds"], status["eta_bound"] = eta(status, rate, slowest)
     status.update({
         "rate_per_minute": round(rate, 1) if rate is not None else None,

@@ -77,6 +77,7 @@ SCRIPT_NAMES = (
     "shard_counts",
     "forget_workers",
     "copy_workers",
+    "take_pages",
 )
 
 __all__ = [

@@ -315,7 +315,7 @@ def test_a_sharded_crawl_is_seeded_in_its_shards_and_not_misread(
         expected[sharded.shard_of(lane)] += 1
     assert queued == expected
     assert not real_redis.exists(KEYS.queue)
-    for command in (("status", "books"), ("dead-letters", "books"), ("purge", "books", "--yes")):
+    for command in (("export", "books", "-o", "-"),):
         assert run(redis_url, *command) == cli.EXIT_USAGE
         err = capsys.readouterr().err
         assert "crawl 'books' is sharded over 3 hash tags" in err
@@ -323,3 +323,56 @@ def test_a_sharded_crawl_is_seeded_in_its_shards_and_not_misread(
     assert sum(real_redis.zcard(view.queue) for view in sharded.shard_views()) == 3  # kept
     assert run(redis_url, "pause", "books") == 0
     assert read_orders(real_redis, KEYS).paused
+    assert run(redis_url, "list") == 0
+    assert "books\t3 queued\t0 in flight\t1 worker(s)\t3 shards" in capsys.readouterr().out
+
+
+def test_the_frontier_commands_read_every_shard_of_a_sharded_crawl(
+    redis_url: str, real_redis: redis.Redis, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """dead-letters, requeue-dead, sweep and purge go through the crawl's shards."""
+    import hashlib
+
+    from scrapy_redisspine.sharded import ShardedFrontier
+
+    sharded = CrawlKeys("redisspine", "books", shards=3)
+    worker = ShardedFrontier(real_redis, sharded, "gone", concurrency=10)
+    worker.register(flush=False, alive_ms=30_000, spider="books")
+    lanes = [f"h{n}.test" for n in range(12)]
+    worker.enqueue([NewRequest(f"https://{lane}/".encode(),
+                               hashlib.sha1(lane.encode()).digest(), lane=lane)
+                    for lane in lanes])
+    leases = worker.lease(12).leases
+    assert len(leases) == 12
+    for lease in leases[:2]:
+        worker.bury((lease.key, lease.token), "poison")
+    seconds, _ = real_redis.time()
+    real_redis.zadd(sharded.workers, {"gone": (seconds - 3600) * 1000})
+    assert run(redis_url, "sweep", "books") == 0
+    assert "10 lease(s) requeued" in capsys.readouterr().out
+    assert run(redis_url, "dead-letters", "books") == 0
+    listed = capsys.readouterr().out
+    assert listed.count("poison") == 2, listed
+    assert run(redis_url, "status", "books", "--json") == 0
+    status = json.loads(capsys.readouterr().out)
+    assert (status["shards"], status["queued"], status["in_flight"], status["dead_letters"]) == (
+        3, 10, 0, 2)
+    assert status["counters"]["requeued"] == 10, "every shard's counters, summed"
+    assert status["dedup"]["set_size"] == 12
+    assert sum(row["backlog"] for row in status["hosts"]) == 10
+    assert run(redis_url, "requeue-dead", "books") == 0
+    assert "re-injected 2 request(s)" in capsys.readouterr().out
+    assert sum(real_redis.zcard(view.queue) for view in sharded.shard_views()) == 12
+    assert run(redis_url, "purge", "books", "--yes") == 0
+    assert "purged crawl 'books'" in capsys.readouterr().out
+    left = [view.queue for view in sharded.shard_views() if real_redis.exists(view.queue)]
+    assert left == []
+
+
+def test_a_crawl_id_with_a_slash_is_refused_in_one_line(
+    redis_url: str, capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert run(redis_url, "seed", "a/b", "http://a.test/") != 0
+    err = capsys.readouterr().err
+    assert "'/'" in err
+    assert len(err.strip().splitlines()) == 1

@@ -302,3 +302,28 @@ def test_a_gone_crawl_takes_nothing_from_the_feed(
         assert client.llen(FEED) == 1
     finally:
         drain.stop()
+
+
+def test_a_sharded_crawls_feed_goes_to_each_entrys_shard(
+    make_scheduler: MakeScheduler, client: redis_lib.Redis
+) -> None:
+    """REDISSPINE_SHARDS: each entry in its lane's shard, bad ones in shard 0's dead
+    letters (where the sharded upkeep lists them), the feed emptied."""
+    sharded = CrawlKeys("redisspine", "test", shards=3)
+    worker = make_scheduler("w1", free_slots=10, REDISSPINE_SHARDS=3)
+    hosts = [f"h{n}.test" for n in range(9)]
+    client.rpush(FEED, *(f"http://{host}/" for host in hosts), "not a url")
+    drain = _drain(worker, REDISSPINE_SHARDS=3)
+    try:
+        assert client.exists(FEED) == 0
+        queued = [int(client.zcard(view.queue)) for view in sharded.shard_views()]
+        expected = [sum(1 for host in hosts if sharded.shard_of(host) == index)
+                    for index in range(3)]
+        assert queued == expected
+        assert not client.exists(KEYS.queue), "nothing in the unsharded keys"
+        [letter] = worker.view.upkeep.dead_letters()
+        assert letter.field.startswith("0/feed:")
+        assert {request.url for request in _leased(worker)} == {
+            f"http://{host}/" for host in hosts}
+    finally:
+        drain.stop()

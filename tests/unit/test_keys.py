@@ -78,6 +78,14 @@ def test_braces_in_crawl_id_are_rejected(crawl_id: str) -> None:
         CrawlKeys("redisspine", crawl_id)
 
 
+@pytest.mark.parametrize("crawl_id", ["a/b", "/", "books/0"])
+def test_a_slash_in_crawl_id_is_rejected(crawl_id: str) -> None:
+    """``{books/0}`` is shard 0's tag of crawl ``books``: no crawl may be named so."""
+    with pytest.raises(ValueError, match="must not contain '/'"):
+        CrawlKeys("redisspine", crawl_id)
+    assert CrawlKeys("redisspine", "books", shards=2).shard_view(0).tag() == "books/0"
+
+
 @pytest.mark.parametrize("group", ["sh{ops", "shops}", ""])
 def test_braces_or_nothing_in_group_are_rejected(group: str) -> None:
     with pytest.raises(ValueError, match=r"hash tag|empty"):

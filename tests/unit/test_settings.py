@@ -34,6 +34,7 @@ def test_defaults() -> None:
         "redis_url": None,
         "crawl_id": None,
         "key_prefix": "redisspine",
+        "shards": 1,
         "persist": True,
         "flush_on_start": False,
         "serializer": "msgpack",
