@@ -92,6 +92,14 @@ def _leaser(io: Any, frontier: QueueFrontier, engine: Engine,
     return leaser, book
 
 
+def _rounds(leaser: Leaser, io: ManualIO, book: LeaseBook, times: int, asks: int) -> None:
+    """``times`` round trips, the engine taking every ready request before each."""
+    for _ in range(times):
+        while book.ready:
+            book.hand_out()
+        _round(leaser, io, asks)
+
+
 def _round(leaser: Leaser, io: ManualIO, asks: int) -> None:
     """One round trip: a lease goes out, the engine asks ``asks`` times meanwhile."""
     leaser.lease()
@@ -110,10 +118,7 @@ def test_a_lease_asks_for_what_the_engine_asks_for_while_one_is_on_its_way(
     assert leaser.ahead == 0
     _round(leaser, io, asks=0)
     assert frontier.asked == [2]  # nothing learnt yet: the free slots
-    for _ in range(12):  # the engine asks 4 times per round trip
-        while book.ready:
-            book.hand_out()
-        _round(leaser, io, asks=4)
+    _rounds(leaser, io, book, 12, asks=4)
     assert leaser.ahead == 4
     assert frontier.asked[-1] == 2 + 4  # the free slots and the lease-ahead
 
@@ -123,10 +128,7 @@ def test_the_next_lease_goes_out_before_the_ready_list_runs_dry(
 ) -> None:
     io, frontier, engine = ManualIO(), QueueFrontier(1000), Engine(free=2)
     leaser, book = _leaser(io, frontier, engine, stats)
-    for _ in range(12):
-        while book.ready:
-            book.hand_out()
-        _round(leaser, io, asks=3)
+    _rounds(leaser, io, book, 12, asks=3)
     assert leaser.ahead == 3
     assert book.ready == 5  # the 2 free slots and the 3 of the lease-ahead
     book.hand_out()
@@ -159,10 +161,7 @@ def test_asks_during_no_round_trip_teach_nothing(stats: MemoryStatsCollector) ->
 def test_the_lease_ahead_never_exceeds_a_batch(stats: MemoryStatsCollector) -> None:
     io, frontier, engine = ManualIO(), QueueFrontier(10_000), Engine(free=0)
     leaser, book = _leaser(io, frontier, engine, stats)
-    for _ in range(20):
-        while book.ready:
-            book.hand_out()
-        _round(leaser, io, asks=500)
+    _rounds(leaser, io, book, 20, asks=500)
     assert leaser.ahead == 20
     assert max(frontier.asked) == 20
 
@@ -175,10 +174,7 @@ def test_nothing_is_learnt_while_start_requests_are_consumed(
     io, frontier, engine = ManualIO(), QueueFrontier(1000), Engine(free=1)
     leaser, book = _leaser(io, frontier, engine, stats)
     engine.start_left = True
-    for _ in range(8):
-        while book.ready:
-            book.hand_out()
-        _round(leaser, io, asks=5)
+    _rounds(leaser, io, book, 8, asks=5)
     assert leaser.ahead == 0
     assert set(frontier.asked) == {1}
 
@@ -190,9 +186,6 @@ def test_download_slots_left_idle_by_a_reply_count_as_asked_for(
     the slots still free when a reply comes in are demand it did not say."""
     io, frontier, engine = ManualIO(), QueueFrontier(10_000), Engine(free=6)
     leaser, book = _leaser(io, frontier, engine, stats)
-    for _ in range(16):
-        while book.ready:
-            book.hand_out()
-        _round(leaser, io, asks=1)
+    _rounds(leaser, io, book, 16, asks=1)
     assert leaser.ahead == 6
     assert frontier.asked[-1] == 6 + 6
