@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from scrapy_redisspine._results import (
     Count,
@@ -33,7 +33,6 @@ if TYPE_CHECKING:
     import redis
 
     from scrapy_redisspine.keys import CrawlKeys
-    from scrapy_redisspine.sharded_upkeep import ShardedUpkeep
 
 #: Redis type each key must have when it exists (``TYPE`` reply).
 EXPECTED_TYPES = {
@@ -80,6 +79,15 @@ class DeadLetter:
     payload: bytes
 
 
+class ShardedUpkeepFactory(Protocol):
+    """Builds the upkeep of a sharded crawl (``sharded_upkeep.sharded_upkeep``), for a
+    sweep of another crawl of the politeness group; given to FrontierUpkeep by who
+    composes it, so this module needs nothing of the sharded one."""
+
+    def __call__(self, client: redis.Redis, keys: CrawlKeys, worker_id: str, *,
+                 concurrency: int = 1, epoch: str = "") -> Any: ...
+
+
 class FrontierUpkeep:
     """The upkeep calls on one crawl's frontier, for one worker (or tool) id.
 
@@ -98,13 +106,17 @@ class FrontierUpkeep:
         *,
         concurrency: int = 1,
         scripts: ScriptSet | None = None,
+        sharded: ShardedUpkeepFactory | None = None,
     ) -> None:
+        """``sharded``: how to build the upkeep of a sharded crawl of the group
+        (without it, such a crawl is not swept from here)."""
         self.client = client
         self.keys = keys
         self.worker_id = worker_id
         self.concurrency = concurrency
         self._scripts = scripts if scripts is not None else ScriptSet(client, keys)
         self.epoch = ""  # the crawl's identity, when a registered worker holds this
+        self._sharded = sharded
 
     def run_script(self, name: str, args: Sequence[bytes | str | int]) -> Any:
         """Run one script on these keys: for an upkeep composed of several
@@ -322,23 +334,25 @@ class FrontierUpkeep:
         # (an id no CrawlKeys takes, e.g. with a '/' from an older version: not swept)
         return [crawl_id for crawl_id in ids if not set("{}/") & set(crawl_id)][:limit]
 
-    def of_crawl(self, crawl_id: str) -> FrontierUpkeep | ShardedUpkeep | None:
+    def of_crawl(self, crawl_id: str) -> Any:
         """The upkeep of another crawl of the group, holding that crawl's epoch (so
         its scripts write nothing once it is gone), in that crawl's layout (a sharded
         one sweeps all its shards); None, and the crawl leaves the group's registry,
-        when its record is gone (purged, or lost)."""
-        from scrapy_redisspine.sharded_upkeep import sharded_upkeep  # (imports this module)
-
+        when its record is gone (purged, or lost). (A FrontierUpkeep, or what the
+        ``sharded`` factory builds: a ShardedUpkeep.)"""
         keys = dataclasses.replace(self.keys, crawl_id=crawl_id, shard=None, shards=1)
         epoch, shards = self.client.hmget(keys.record, ["epoch", "shards"])
         if epoch is None:
             self.client.srem(self.keys.group_crawls, crawl_id)
             return None
         if number(shards, 1) > 1:
-            return sharded_upkeep(self.client, dataclasses.replace(keys, shards=number(shards)),
-                                  self.worker_id, concurrency=self.concurrency,
-                                  epoch=text(epoch))
-        other = FrontierUpkeep(self.client, keys, self.worker_id, concurrency=self.concurrency)
+            if self._sharded is None:
+                return None  # (tools: no group sweep)
+            return self._sharded(self.client, dataclasses.replace(keys, shards=number(shards)),
+                                 self.worker_id, concurrency=self.concurrency,
+                                 epoch=text(epoch))
+        other = FrontierUpkeep(self.client, keys, self.worker_id, concurrency=self.concurrency,
+                               sharded=self._sharded)
         other.epoch = text(epoch)
         return other
 

@@ -61,6 +61,7 @@ from scrapy_redisspine.members import (
     split_member,
 )
 from scrapy_redisspine.scripts import ScriptSet, script_error
+from scrapy_redisspine.sharded_upkeep import sharded_upkeep
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping, Sequence
@@ -178,7 +179,8 @@ class Frontier:
         # Every script's KEYS, built once from its header (scripts/__init__.py).
         self._scripts = ScriptSet(client, keys)
         self.upkeep = FrontierUpkeep(
-            client, keys, worker_id, concurrency=concurrency, scripts=self._scripts
+            client, keys, worker_id, concurrency=concurrency, scripts=self._scripts,
+            sharded=sharded_upkeep,
         )
 
     def register(self, *, flush: bool, alive_ms: int, spider: str = "") -> Registration:

@@ -9,7 +9,7 @@ are: each shard numbers its own.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from scrapy_redisspine._frontier_upkeep import DeadLetter, FrontierUpkeep
 from scrapy_redisspine._results import Count, SweepResult, UnindexedResult, number
@@ -220,7 +220,7 @@ class ShardedUpkeep:
     def group_crawls(self, limit: int) -> list[str]:
         return self.crawl.group_crawls(limit)
 
-    def of_crawl(self, crawl_id: str) -> FrontierUpkeep | ShardedUpkeep | None:
+    def of_crawl(self, crawl_id: str) -> Any:
         return self.crawl.of_crawl(crawl_id)
 
 
@@ -228,7 +228,8 @@ def sharded_upkeep(client: redis.Redis, keys: CrawlKeys, worker_id: str, *,
                    concurrency: int = 1, epoch: str = "") -> ShardedUpkeep:
     """The upkeep of a sharded crawl for a worker or tool that holds no frontier of it
     (a sweep of another crawl of the politeness group), with its epoch."""
-    crawl = FrontierUpkeep(client, keys, worker_id, concurrency=concurrency)
+    crawl = FrontierUpkeep(client, keys, worker_id, concurrency=concurrency,
+                           sharded=sharded_upkeep)
     shards = [FrontierUpkeep(client, view, worker_id, concurrency=concurrency)
               for view in keys.shard_views()]
     for part in (crawl, *shards):
