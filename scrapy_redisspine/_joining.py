@@ -18,7 +18,7 @@ import contextlib
 import datetime
 import logging
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import redis
 
@@ -99,15 +99,13 @@ def join(config: SpineConfig, crawl_id: str, spider: str, worker_id: str) -> Joi
         connection.close()
         raise JoinRefused(REASON_UNREACHABLE, _unreachable(connection.description, exc)) from None
     if registration.status == "conflict":
-        connection.close()
-        raise JoinRefused(REASON_CONFLICT, (
+        _refuse(connection, REASON_CONFLICT, (
             f"crawl {crawl_id!r} on this Redis belongs to spider {registration.spider!r}, "
             f"and this is spider {spider!r}: two spiders on one crawl id would take each "
             f"other's requests. Give this spider a REDISSPINE_CRAWL_ID of its own"
         ))
     if registration.status == "shards":
-        connection.close()
-        raise JoinRefused(REASON_CONFLICT, (
+        _refuse(connection, REASON_CONFLICT, (
             f"crawl {crawl_id!r} on this Redis was created with REDISSPINE_SHARDS = "
             f"{registration.shards}, and this worker has REDISSPINE_SHARDS = "
             f"{config.shards}: a crawl keeps its number of shards. Set "
@@ -118,6 +116,12 @@ def join(config: SpineConfig, crawl_id: str, spider: str, worker_id: str) -> Joi
         _new_run(frontier)
     _log_joined(config, crawl_id, connection, registration, worker_id)
     return Joined(connection, frontier, registration)
+
+
+def _refuse(connection: WorkerConnection, reason: str, message: str) -> NoReturn:
+    """Close what this worker opened and refuse it, with ``reason`` and one line."""
+    connection.close()
+    raise JoinRefused(reason, message)
 
 
 def _unsupported_with_shards(config: SpineConfig) -> str:

@@ -300,6 +300,20 @@ def assert_finished(results: Sequence[WorkerResult], reason: str = "finished") -
         )
 
 
+def assert_refused(result: WorkerResult, reason: str, *said: str) -> str:
+    """The worker closed with ``reason`` and a non-zero exit, saying why in one ERROR
+    line (no traceback) that holds every text of ``said``; that line."""
+    detail = f"rc={result.returncode}\n{result.log[-3000:]}\n{result.output[-2000:]}"
+    assert result.returncode != 0, detail
+    assert result.finish_reason == reason, detail
+    assert "Traceback" not in result.log + result.output, detail
+    errors = [line for line in result.log.splitlines() if " ERROR: " in line]
+    assert len(errors) == 1, errors
+    for text in said:
+        assert text in errors[0], errors[0]
+    return errors[0]
+
+
 def assert_all_fetched(site: TestSite) -> dict[str, int]:
     """Assert the site served every page; return the pages it served more than once."""
     counts = site.fetch_counts()

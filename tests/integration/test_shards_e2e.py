@@ -17,10 +17,10 @@ from scrapy_redisspine.keys import CrawlKeys
 from scrapy_redisspine.testing.redis_cluster import ClusterServers
 from tests.integration.crawlproc import (
     Fleet,
-    WorkerResult,
     assert_all_fetched,
     assert_exactly_once,
     assert_finished,
+    assert_refused,
     wait_for,
     wait_workers,
 )
@@ -54,19 +54,6 @@ def _acked_per_shard(client: redis.Redis, keys: CrawlKeys) -> dict[int, int]:
 
 def _in_flight(client: redis.Redis, keys: CrawlKeys) -> int:
     return sum(int(client.hlen(view.inflight)) for view in keys.shard_views())
-
-
-def _refused(result: WorkerResult, reason: str, *said: str) -> str:
-    """The worker closed with ``reason``, exit non-zero, in one ERROR line saying ``said``."""
-    detail = f"rc={result.returncode}\n{result.log[-3000:]}\n{result.output[-2000:]}"
-    assert result.returncode != 0, detail
-    assert result.finish_reason == reason, detail
-    assert "Traceback" not in result.log + result.output, detail
-    errors = [line for line in result.log.splitlines() if " ERROR: " in line]
-    assert len(errors) == 1, errors
-    for text in said:
-        assert text in errors[0], errors[0]
-    return errors[0]
 
 
 def test_three_workers_on_three_shards_fetch_every_page_once(
@@ -106,9 +93,9 @@ def test_a_killed_worker_on_a_sharded_crawl_loses_nothing(
         others = fleet.start(2, settings, log="others")
         wait_for(lambda: len(site.requests()) >= 15, 60, "the fleet under way")
         held = _in_flight(client, keys)  # the fleet's leases, the victim's among them
-        killed_at = time.time()
         victim.kill()
         victim.process.wait()
+        killed_at = time.time()  # dead by now: a fetch it sent before dying is before this
         replacement = fleet.start(1, settings, log="replacement")
         results = wait_workers([*others, *replacement], timeout=120)
         requeued = sum(int(client.hget(view.stats, "requeued") or 0)
@@ -161,7 +148,7 @@ def test_a_worker_with_another_number_of_shards_is_refused_in_one_line(
     for other in (1, 2):
         [result] = fleet.run(1, fleet.crawling(site, REDISSPINE_SHARDS=other), timeout=60,
                              log=f"n{other}")
-        _refused(result, "redisspine_crawl_conflict", "REDISSPINE_SHARDS = 3",
+        assert_refused(result, "redisspine_crawl_conflict", "REDISSPINE_SHARDS = 3",
                  f"REDISSPINE_SHARDS = {other}")
 
 
@@ -177,7 +164,7 @@ def test_a_setting_a_sharded_crawl_cannot_take_is_refused_at_open(
     fleet: Fleet, test_site: TestSite, extra: dict[str, Any], said: tuple[str, ...],
 ) -> None:
     [result] = fleet.run(1, fleet.crawling(test_site, **extra), timeout=60)
-    _refused(result, "redisspine_config_error", *said)
+    assert_refused(result, "redisspine_config_error", *said)
 
 
 def test_closespider_pagecount_holds_fleet_wide_over_shards(

@@ -13,13 +13,18 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from scrapy_redisspine.testing.redis_server import RedisServer
-from tests.integration.crawlproc import assert_all_fetched, assert_finished, wait_workers
+from tests.integration.crawlproc import (
+    assert_all_fetched,
+    assert_finished,
+    assert_refused,
+    wait_workers,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from scrapy_redisspine.testing.site import TestSite
-    from tests.integration.crawlproc import Fleet, WorkerResult
+    from tests.integration.crawlproc import Fleet
 
 pytestmark = pytest.mark.e2e
 
@@ -81,19 +86,6 @@ def test_without_waiting_a_seeder_still_in_its_start_holds_the_crawl_open(
     assert not any("never had a request queued" in result.log for result in results)
 
 
-def _refused(results: list[WorkerResult], reason: str, *said: str) -> str:
-    (result,) = results
-    detail = f"rc={result.returncode}\n{result.log[-3000:]}\n{result.output[-2000:]}"
-    assert result.returncode != 0, detail
-    assert result.finish_reason == reason, detail
-    assert "Traceback" not in result.log + result.output, detail
-    errors = [line for line in result.log.splitlines() if " ERROR: " in line]
-    assert len(errors) == 1, errors
-    for text in said:
-        assert text in errors[0], errors[0]
-    return errors[0]
-
-
 @pytest.mark.parametrize(
     ("url", "reason", "said"),
     [
@@ -114,8 +106,8 @@ def _refused(results: list[WorkerResult], reason: str, *said: str) -> str:
 def test_a_worker_that_cannot_start_says_why_in_one_line(
     fleet: Fleet, url: str, reason: str, said: tuple[str, ...],
 ) -> None:
-    line = _refused(fleet.run(1, fleet.crawling(REDISSPINE_REDIS_URL=url), timeout=60),
-                    reason, *said)
+    [result] = fleet.run(1, fleet.crawling(REDISSPINE_REDIS_URL=url), timeout=60)
+    line = assert_refused(result, reason, *said)
     assert "secret" not in line
 
 
@@ -125,8 +117,9 @@ def test_a_wrong_password_says_so_in_one_line(fleet: Fleet, tmp_path: Any) -> No
         admin.config_set("requirepass", "right")
         admin.close()
         url = server.url.replace("redis://", "redis://:wrong@")
-        line = _refused(fleet.run(1, fleet.crawling(REDISSPINE_REDIS_URL=url), timeout=60),
-                        "redisspine_redis_unreachable", "AuthenticationError", "***")
+        [result] = fleet.run(1, fleet.crawling(REDISSPINE_REDIS_URL=url), timeout=60)
+        line = assert_refused(result, "redisspine_redis_unreachable", "AuthenticationError",
+                              "***")
     assert "wrong" not in line
 
 
