@@ -47,11 +47,21 @@ def _a_third_of_a_crawl(
                                 "REDISSPINE_CRAWL_ID": crawl}, worker_log_dir)
     workers = fleet.start(3, fleet.crawling(site, **FAST_RECOVERY, REDISSPINE_SHARDS=shards),
                           log="fleet")
-    total = len(site.all_urls())
-    wait_for(lambda: len(site.requests()) >= total // 3, 60, "a third of the crawl")
+    _a_third_fetched(site, workers)
     if shards == 1:
         return key_slot(keys.queue.encode()), site, workers
     return _busiest_shard_slot(cluster, keys), site, workers
+
+
+def _a_third_fetched(site: TestSite, workers: list[Worker]) -> None:
+    """Wait for every worker to have joined (on a loaded machine one may still be
+    starting when the others are a third through, and a worker that cannot join
+    stops) and for a third of the site to be fetched."""
+    for worker in workers:
+        wait_for(lambda worker=worker: "joined crawl" in worker.log_text(), 60,
+                 "every worker joined")
+    total = len(site.all_urls())
+    wait_for(lambda: len(site.requests()) >= total // 3, 60, "a third of the crawl")
 
 
 def _busiest_shard_slot(cluster: ClusterServers, keys: CrawlKeys) -> int:
@@ -120,7 +130,7 @@ def test_a_sentinel_failover_mid_crawl_loses_no_request(
                       worker_log_dir)
         workers = fleet.start(3, fleet.crawling(site, **FAST_RECOVERY), log="fleet")
         total = len(site.all_urls())
-        wait_for(lambda: len(site.requests()) >= total // 3, 60, "a third of the crawl")
+        _a_third_fetched(site, workers)
         old = sentinel.primary_port()
         new = sentinel.fail_over()
         assert new.port != old
