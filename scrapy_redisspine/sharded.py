@@ -72,6 +72,8 @@ if TYPE_CHECKING:
 #: How often a count retries a double collect that a concurrent change unsettled,
 #: before it reports the crawl as busy (never as idle).
 COLLECT_TRIES = 3
+#: How often a worker finishes a purge another left midway before it gives up.
+PURGE_TRIES = 3
 
 #: One enqueue call of a phase: shard, positions of its requests, its acks (with the
 #: shard's own order keys), their item lists, loose items.
@@ -131,8 +133,22 @@ class ShardedFrontier:
         """Register on the crawl-wide keys; learn the epoch for every shard."""
         stored = stored_shards(self.client, self.keys)
         registration = self.crawl.register(flush=flush, alive_ms=alive_ms, spider=spider)
+        for _ in range(PURGE_TRIES):
+            if registration.status != "purging":
+                break
+            # The crawl's last worker was deleting it (persistence off) and stopped
+            # midway, or is at it: finish that, then join whatever is there.
+            self.upkeep.finish_purge(registration.epoch, alive_ms)
+            registration = self.crawl.register(flush=flush, alive_ms=alive_ms, spider=spider)
+        if registration.status == "purging":
+            raise redis.RedisError(f"crawl {self.keys.crawl_id!r} is still being deleted "
+                                   f"after {PURGE_TRIES} tries (persistence off)")
         if registration.status in ("conflict", "shards"):
             return registration
+        if registration.status == "finished" and not self.collect().idle:
+            # register.lua reads the crawl-wide queue, which a sharded crawl leaves
+            # empty: work pushed since it finished is in the shards
+            registration = replace(registration, status="joined")
         if self.keys.cluster and self.keys.shards > 1:
             if registration.flushed:
                 self._flush_shards(max(stored, self.keys.shards))

@@ -131,8 +131,6 @@ def test_an_unsharded_worker_on_a_sharded_crawl_is_refused(
     ("settings", "said"),
     [
         pytest.param({"REDISSPINE_CRAWL_ID": "a/b"}, ("'a/b'", "'/'"), id="slash"),
-        pytest.param({**FAST, "REDISSPINE_PERSIST": False},
-                     ("REDISSPINE_PERSIST = False", "REDISSPINE_SHARDS = 3"), id="persist"),
         pytest.param({**FAST, "REDISSPINE_ITEMS": True},
                      ("REDISSPINE_ITEMS", "REDISSPINE_SHARDS = 3"), id="items"),
     ],
