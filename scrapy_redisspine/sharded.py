@@ -114,6 +114,9 @@ class ShardedFrontier:
         self.shards = [Frontier(client, view, worker_id, order, **options)
                        for view in keys.shard_views()]
         self._next_shard = 0  # where the next lease starts (round-robin)
+        #: Each shard's queue as its last lease reply counted it: the crawl's queue
+        #: for display (len(scheduler)), without a call to every shard per lease.
+        self._queued_seen = [0] * len(self.shards)
         self.upkeep = ShardedUpkeep(keys, self.crawl.upkeep,
                                     [shard.upkeep for shard in self.shards])
 
@@ -172,7 +175,9 @@ class ShardedFrontier:
             self.shards[0].upkeep.purge_keys([*named, *rest])  # (KEYS name every key)
 
     def heartbeat(self, starting: bool = False) -> Any:
-        return self.crawl.heartbeat(starting)
+        """The crawl-wide heartbeat, its count of the queue the shards' as last seen
+        (heartbeat.lua counts the crawl-wide queue, which a sharded crawl leaves empty)."""
+        return replace(self.crawl.heartbeat(starting), queued=sum(self._queued_seen))
 
     def done_starting(self) -> None:
         self.crawl.done_starting()
@@ -339,7 +344,11 @@ class ShardedFrontier:
             if len(taken.leases) >= count:
                 break
             taken.add(shard, self.shards[shard].lease(count - len(taken.leases)))
-        return taken.batch()
+        for shard, batch in taken.latest.items():
+            self._queued_seen[shard] = batch.queued
+        # the queue of shards not asked this time as they last said: for display, and
+        # never the only sign of work left (a lease that finds none asks every shard)
+        return replace(taken.batch(), queued=sum(self._queued_seen))
 
     def enqueue_and_lease(
         self, requests: Sequence[NewRequest], acks: Sequence[Ack | LeaseHandle], count: int,

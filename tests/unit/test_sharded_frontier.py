@@ -368,3 +368,17 @@ def test_persist_off_keeps_a_crawl_whose_shard_still_holds_work(
     assert not frontier.upkeep.purge_if_done(frontier.epoch, ALIVE_MS)
     assert _queued(client, keys) == [0, 0, 0, 1]
     assert client.hget(keys.record, "epoch") == frontier.epoch.encode()
+
+
+def test_the_queue_counted_is_every_shards_as_last_seen(
+    client: redis.Redis, keys: CrawlKeys,
+) -> None:
+    """A lease asks only the shards it needs; the queue it reports (and the heartbeat,
+    whose own count reads the crawl-wide queue a sharded crawl leaves empty) is every
+    shard's as last seen: the worker's len(scheduler)."""
+    frontier = _frontier(client, keys)
+    lanes = _lanes(per_shard=2)
+    frontier.enqueue([_request(lane, "p") for shard in range(SHARDS) for lane in lanes[shard]])
+    assert frontier.lease(SHARDS).queued == SHARDS  # one from each shard, one left in each
+    assert frontier.lease(1).queued == SHARDS - 1
+    assert frontier.heartbeat().queued == SHARDS - 1
