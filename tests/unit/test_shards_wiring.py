@@ -425,3 +425,16 @@ def test_a_crawl_id_no_crawl_may_have_is_left_out_of_the_group_sweep(
     sweeper.register(flush=False, alive_ms=2000, spider="sched")
     client.sadd(sweeper.keys.group_crawls, "old/id", "fine")
     assert sweeper.upkeep.group_crawls(10) == ["fine"]
+
+
+def test_a_malformed_member_of_a_shard_is_reported_with_the_shards_keys(
+    make_scheduler: MakeScheduler, client: redis.Redis, caplog: pytest.LogCaptureFixture,
+) -> None:
+    worker = make_scheduler("w1", **FAST)
+    client.zadd(KEYS.shard_view(1).queue, {b"000000000000000\xffnot a request": 0})
+    with caplog.at_level(logging.ERROR, logger="scrapy_redisspine"):
+        assert next_request(worker) is None
+    (line,) = _errors(caplog)
+    assert "1 malformed member(s) of redisspine:{test/*}:queue" in line, line
+    assert "dead letters in redisspine:{test/*}:dead" in line, line
+    assert client.hlen(KEYS.shard_view(1).dead) == 1
