@@ -17,10 +17,12 @@ from __future__ import annotations
 import contextlib
 import datetime
 import logging
+import time
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import redis
+from redis.sentinel import MasterNotFoundError
 
 from scrapy_redisspine.connection import RedisServerNotFound, describe_url, is_cluster
 from scrapy_redisspine.control import CLOSE
@@ -46,6 +48,11 @@ FAILED_REASONS = frozenset({
     REASON_CONFIG, REASON_UNREACHABLE, REASON_CORRUPT, REASON_CONFLICT, REASON_LOST,
     REASON_PURGED, REASON_MEMORY,
 })
+
+
+#: How long a worker's join rides through a cluster failing over or resharding
+#: before it refuses (a replica is promoted within the cluster's node timeout).
+JOIN_RIDE_SECONDS = 30.0
 
 
 class JoinRefused(Exception):
@@ -87,17 +94,7 @@ def join(config: SpineConfig, crawl_id: str, spider: str, worker_id: str) -> Joi
                         holder_timeout_ms=config.worker_timeout_ms, **options)
         if config.shards > 1
         else Frontier(connection.client, keys, worker_id, config.queue_order, **options))
-    try:
-        frontier.upkeep.check_key_types()
-        registration = frontier.register(
-            flush=config.flush_on_start, alive_ms=config.worker_timeout_ms, spider=spider
-        )
-    except CorruptKeyError as exc:
-        connection.close()
-        raise JoinRefused(REASON_CORRUPT, str(exc)) from None
-    except redis.RedisError as exc:
-        connection.close()
-        raise JoinRefused(REASON_UNREACHABLE, _unreachable(connection.description, exc)) from None
+    registration = _register(config, connection, frontier, spider)
     if registration.status == "conflict":
         _refuse(connection, REASON_CONFLICT, (
             f"crawl {crawl_id!r} on this Redis belongs to spider {registration.spider!r}, "
@@ -116,6 +113,47 @@ def join(config: SpineConfig, crawl_id: str, spider: str, worker_id: str) -> Joi
         _new_run(frontier)
     _log_joined(config, crawl_id, connection, registration, worker_id)
     return Joined(connection, frontier, registration)
+
+
+def _register(config: SpineConfig, connection: WorkerConnection, frontier: AnyFrontier,
+              spider: str) -> Registration:
+    """Check the crawl's keys and register, riding through what a Redis Cluster (or a
+    Sentinel's primary) says while it fails over or reshards, for up to
+    :data:`JOIN_RIDE_SECONDS`: a worker started in that moment waits, as running
+    workers do, instead of exiting. Anything else refuses at once."""
+    deadline = time.monotonic() + JOIN_RIDE_SECONDS
+    delay = 0.1
+    while True:
+        try:
+            frontier.upkeep.check_key_types()
+            return frontier.register(
+                flush=config.flush_on_start, alive_ms=config.worker_timeout_ms, spider=spider
+            )
+        except CorruptKeyError as exc:
+            _refuse(connection, REASON_CORRUPT, str(exc))
+        except (redis.RedisError, redis.exceptions.RedisClusterException) as exc:
+            if not _passing(exc) or time.monotonic() + delay > deadline:
+                _refuse(connection, REASON_UNREACHABLE,
+                        _unreachable(connection.description, exc))
+            if delay == 0.1:  # once per join
+                logger.warning(
+                    "redisspine: %s while joining (%s: %s); a cluster failing over or "
+                    "resharding says so: retrying for up to %.0f s",
+                    connection.description, type(exc).__name__, exc, JOIN_RIDE_SECONDS)
+            time.sleep(delay)
+            delay = min(2 * delay, 2.0)
+
+
+def _passing(exc: Exception) -> bool:
+    """Does ``exc`` come from a failover or a reshard under way (not from a server that
+    is down, a wrong password or URL)? Cluster redirections and retries that ran out
+    (``TRYAGAIN``, ``ASK``, ``CLUSTERDOWN``, a slot no master serves yet, redis-py's
+    "TTL exhausted"), a primary turned replica, a Sentinel with no primary yet."""
+    return isinstance(exc, (
+        redis.exceptions.ClusterError, redis.exceptions.TryAgainError,
+        redis.exceptions.AskError, redis.exceptions.RedisClusterException,
+        redis.exceptions.ReadOnlyError, MasterNotFoundError,
+    ))
 
 
 def _refuse(connection: WorkerConnection, reason: str, message: str) -> NoReturn:

@@ -186,12 +186,14 @@ class ClusterServers(Service):
         return new
 
     def move_slot(self, slot: int, to: RedisServer, pause: float = 0.0,
+                  hold: Callable[[], None] | None = None,
                   timeout: float = _READY_TIMEOUT_SECONDS) -> int:
         """Reshard ``slot`` to the master ``to`` as ``redis-cli --cluster reshard``
         does: IMPORTING on ``to``, MIGRATING on its master, MIGRATE key by key (with
         ``pause`` seconds after each, to hold the slot in that state while clients
-        get ASK and TRYAGAIN), then the slot's new owner told to every master.
-        Returns how many keys moved."""
+        get ASK and TRYAGAIN; ``hold`` is called once the first key moved, and the
+        move goes on when it returns), then the slot's new owner told to every
+        master. Returns how many keys moved."""
         source = self.master_of_slot(slot)
         if source is to:
             raise RedisServerError(f"slot {slot} is already served by port {to.port}")
@@ -205,6 +207,8 @@ class ClusterServers(Service):
                 client.execute_command("MIGRATE", _HOST, to.port, "", 0, 5000,
                                        "KEYS", *keys)
                 moved += len(keys)
+                if hold is not None and moved == len(keys):
+                    hold()
                 if pause:
                     time.sleep(pause)
         for node in (to, source, *(m for m in self.masters if m not in (to, source))):

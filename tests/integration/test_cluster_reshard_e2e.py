@@ -6,13 +6,19 @@ test site's own log."""
 
 from __future__ import annotations
 
+import logging
+import threading
+import time
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import pytest
 from redis.crc import key_slot
 
+from scrapy_redisspine._joining import Joined, join
 from scrapy_redisspine.connection import client_from_url
 from scrapy_redisspine.keys import CrawlKeys
+from scrapy_redisspine.settings import load_config
 from scrapy_redisspine.testing.redis_cluster import ClusterServers
 from tests.integration.crawlproc import (
     Fleet,
@@ -69,6 +75,40 @@ def test_a_slot_resharded_mid_crawl_loses_no_request(
     twice = assert_all_fetched(site)
     # A reply lost to a connection reset may send a lease back to the queue once.
     assert len(twice) <= 3 * 2, f"pages fetched twice: {twice}"
-    print({k: v for r in results for k, v in r.stats.items() if "redis" in k and "error" in k})
     logs = "\n".join(result.log for result in results)
     assert "Traceback" not in logs
+    script_errors = {name: value for result in results for name, value in result.stats.items()
+                     if name.startswith("redisspine/script_errors/")}
+    assert not script_errors, f"a reshard's replies taken for script errors: {script_errors}"
+
+
+def test_a_worker_joining_while_its_crawls_slot_is_half_moved_waits_and_joins(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """While a slot migrates, a script naming keys of it that are not on the node
+    (moved already, or never written) is answered TRYAGAIN until the move is done:
+    a worker started then rides through it instead of exiting."""
+    config = load_config({})
+    with ClusterServers(masters=3) as cluster:
+        crawl = crawl_ids_away_from_registry(cluster, 1)[0]
+        config = replace(config, redis_url=cluster.url)
+        first = join(config, crawl, "spider", "first")
+        slot = key_slot(CrawlKeys("redisspine", crawl).record.encode())
+        target = next(m for m in cluster.masters if m is not cluster.master_of_slot(slot))
+        joined: list[Joined] = []
+        thread = threading.Thread(
+            target=lambda: joined.append(join(config, crawl, "spider", "second")))
+
+        def hold() -> None:  # the slot half-moved for 1.5 s, the second worker joining
+            thread.start()
+            time.sleep(1.5)
+
+        with caplog.at_level(logging.WARNING, logger="scrapy_redisspine"):
+            cluster.move_slot(slot, target, hold=hold)
+            thread.join(30)
+        assert joined, "the join did not return"
+        assert joined[0].registration.status == "joined"
+        assert joined[0].registration.alive == 1
+        assert "retrying for up to 30 s" in caplog.text
+        for done in (first, *joined):
+            done.connection.close()
