@@ -132,10 +132,6 @@ def _unsupported_with_shards(config: SpineConfig) -> str:
         return (f"REDISSPINE_PERSIST = False is not supported with REDISSPINE_SHARDS = "
                 f"{config.shards} yet (the last worker's delete spans one hash tag); keep "
                 f"the crawl and delete it with `redisspine purge`, or use one shard")
-    if config.items:
-        return (f"REDISSPINE_ITEMS is not supported with REDISSPINE_SHARDS = "
-                f"{config.shards} yet (each shard would hold its own items stream, which "
-                f"`redisspine export` does not read); use one shard, or a feed exporter")
     return ""
 
 

@@ -133,8 +133,6 @@ def test_an_unsharded_worker_on_a_sharded_crawl_is_refused(
         pytest.param({"REDISSPINE_CRAWL_ID": "a/b"}, ("'a/b'", "'/'"), id="slash"),
         pytest.param({**FAST, "REDISSPINE_PERSIST": False},
                      ("REDISSPINE_PERSIST = False", "REDISSPINE_SHARDS = 3"), id="persist"),
-        pytest.param({**FAST, "REDISSPINE_ITEMS": True},
-                     ("REDISSPINE_ITEMS", "REDISSPINE_SHARDS = 3"), id="items"),
     ],
 )
 def test_what_a_sharded_crawl_cannot_do_yet_is_refused_at_open(
@@ -145,6 +143,16 @@ def test_what_a_sharded_crawl_cannot_do_yet_is_refused_at_open(
         worker = make_scheduler("w1", **settings)
     _refused_with(worker, caplog, "redisspine_config_error", *said)
     assert not client.keys("*"), "nothing written"
+
+
+def test_fleet_items_work_sharded_with_the_caps_shared(make_scheduler: MakeScheduler) -> None:
+    worker = make_scheduler("w1", **FAST, REDISSPINE_ITEMS=True,
+                            REDISSPINE_ITEMS_MAX_COUNT=10, REDISSPINE_ITEMS_MAX_BYTES=1000)
+    assert worker.refusal.reason is None
+    assert isinstance(worker.frontier, ShardedFrontier)
+    # the caps are the crawl's: each of the 3 shards' streams holds ceil(cap / 3)
+    assert [(shard.items_cap, shard.items_max_bytes) for shard in worker.frontier.shards] == [
+        (4, 334)] * SHARDS
 
 
 def test_a_per_process_page_count_works_sharded(make_scheduler: MakeScheduler) -> None:
