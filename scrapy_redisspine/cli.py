@@ -166,8 +166,8 @@ class Context:
             raise CliError(
                 f"crawl {crawl!r} is sharded over {shards} hash tags (ShardedFrontier); "
                 f"this command does not read sharded crawls yet (seed, pause, resume, "
-                f"drain, status, dead-letters, requeue-dead, sweep, purge, list, metrics "
-                f"and dashboard do)"
+                f"drain, status, dead-letters, requeue-dead, sweep, purge, list, export, "
+                f"metrics and dashboard do)"
             )
         return replace(keys, shards=shards)
 
@@ -290,7 +290,8 @@ def _command_options(name: str, sub: argparse.ArgumentParser) -> None:
         sub.add_argument("--follow", action="store_true",
                          help="keep reading a live crawl until it is finished")
         sub.add_argument("--after", metavar="ID",
-                         help="start after this stream entry id (a fresh export only)")
+                         help="start after this stream entry id (a fresh export only; "
+                              "of a sharded crawl, in every shard's stream)")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -48,8 +48,9 @@ def _frontier(client: redis.Redis, **options: Any) -> ShardedFrontier:
 
 def _streams(client: redis.Redis) -> list[list[bytes]]:
     """Each shard's items (their payloads), shard 0 first."""
-    return [[values[b"item"] for _, values in client.xrange(view.items)]  # type: ignore[union-attr]
-            for view in KEYS.shard_views()]
+    entries: list[list[Any]] = [client.xrange(view.items)  # type: ignore[misc]
+                                for view in KEYS.shard_views()]
+    return [[values[b"item"] for _, values in stream] for stream in entries]
 
 
 def test_an_acks_items_go_to_the_acks_shard_with_its_children_elsewhere(
