@@ -232,7 +232,7 @@ class Export:
 
 
 def cmd_export(ctx: CommandContext, args: argparse.Namespace) -> int:
-    keys = ctx.existing(args.crawl, sharded_ok=True)  # every shard's stream: Export
+    keys = ctx.existing(args.crawl)  # every shard's stream: Export
     fmt = export_format(args.output, args.format)
     to_stdout = args.output == "-"
     resumable = fmt in RESUMABLE and not to_stdout
