@@ -114,7 +114,9 @@ key                        type    written by                      lifetime
   step as the ack of the request whose callback produced it (only for an ack that
   passes the fencing check); fields ``class`` (dotted path, ``dict`` for a plain
   dict), ``url`` (of that request's response) and ``item`` (the serialized item).
-  Read by ``redisspine export`` and by the user's own consumers (XREADGROUP).
+  Read by ``redisspine export`` and by the user's own consumers (XREADGROUP). A
+  sharded crawl has one per shard (below), each holding the items of the acks its
+  shard took; ``export`` merges them (cli_export.py).
 - The feed key (``REDISSPINE_FEED_KEY``, by default scrapy-redis's
   ``<spider>:start_urls``): a LIST or ZSET the user writes and every worker drains
   (``feed_done`` removes what a worker enqueued). Named by the user, so it carries
