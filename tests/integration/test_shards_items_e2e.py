@@ -1,7 +1,7 @@
 """Fleet items (``REDISSPINE_ITEMS``) on a sharded crawl, with real ``scrapy crawl``
 workers: each page's item in exactly one shard's stream, once, through a SIGKILL of a
 worker holding items without their acks; ``redisspine export`` reads every shard's
-stream, also following a live crawl on a 3-master Redis Cluster.
+stream, also following a live crawl on a 3-master Redis Cluster (with a kill too).
 
 The ``links`` spider yields one item per page (``{"url": response.url}``); the pages
 are counted from the test site's own URL list.
@@ -107,16 +107,19 @@ def test_three_workers_on_three_shards_one_killed_with_items_export_once_per_pag
 
 
 @pytest.mark.usefixtures("outside_any_project")
-def test_an_export_follows_a_crawl_on_six_shards_over_a_three_master_cluster(
+def test_an_export_follows_a_crawl_on_six_shards_over_three_masters_through_a_kill(
     site_factory: SiteFactory, project_dir: Path, worker_log_dir: Path, tmp_path: Path,
 ) -> None:
-    site = site_factory(hosts=8, pages_per_host=8, latency=0.02)
+    site = site_factory(hosts=8, pages_per_host=10, latency=0.05)
+    kill_page = site.start_urls()[0].replace("/p/0", "/p/6")
     with ClusterServers(masters=3) as cluster:
         crawl = "sharded-items"
         fleet = Fleet(project_dir, {"REDISSPINE_REDIS_URL": cluster.url,
                                     "REDISSPINE_CRAWL_ID": crawl}, worker_log_dir)
-        settings = fleet.crawling(site, **ITEMS, REDISSPINE_SHARDS=6, DOWNLOAD_DELAY=0.02)
-        workers = fleet.start(3, settings)
+        settings = fleet.crawling(site, **ITEMS, REDISSPINE_SHARDS=6, CONCURRENT_REQUESTS=4)
+        # one worker dies holding items without their acks, as on one server
+        workers = fleet.start(3, {**settings, "LINKS_KILL_AFTER_ITEM": kill_page,
+                                  "LINKS_KILL_ONCE_FILE": str(tmp_path / "killed")}, log="w")
         keys = CrawlKeys(fleet.keys.prefix, crawl, shards=6, cluster=True)
         client = client_from_url(cluster.url)
         followed: dict[str, Any] = {}
@@ -134,13 +137,20 @@ def test_an_export_follows_a_crawl_on_six_shards_over_a_three_master_cluster(
 
             follower = threading.Thread(target=follow, daemon=True)
             follower.start()
-            results = wait_workers(workers, timeout=150)
+            wait_for(lambda: any(w.process.poll() is not None for w in workers), 90,
+                     "the kill")
+            [victim] = [w for w in workers if w.process.poll() is not None]
+            assert victim.process.returncode == -signal.SIGKILL, victim.log_text()[-3000:]
+            replacement = fleet.start(1, settings, log="r")
+            results = wait_workers([*(w for w in workers if w is not victim), *replacement],
+                                   timeout=150)
             follower.join(60)
             assert not follower.is_alive(), "the export did not stop at the crawl's end"
             in_streams, stored = _per_shard(client, keys)
         finally:
             client.close()
         assert_finished(results)
+        assert kill_page in assert_all_fetched(site), "the killed page was never refetched"
         assert "error" not in followed, followed.get("error")
         _assert_once_per_page(followed["items"], site)
         # and a fresh export of the finished crawl gives the same
