@@ -182,6 +182,8 @@ class Export:
             last_ids = cursor.last_ids or {}
             cursor.last_ids = {str(shard): last_ids.get(str(shard), cursor.last_id)
                                for shard in range(keys.shards)}
+        else:  # one stream: ``last_id`` is its cursor (whatever an older layout left)
+            cursor.last_ids = None
 
     def position(self, shard: int) -> str:
         """The last entry written of shard ``shard``'s stream."""
