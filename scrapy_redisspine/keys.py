@@ -100,7 +100,9 @@ key                        type    written by                      lifetime
   ``idle_since_ms`` and ``idle_mark`` (fleet_counts.lua). Every worker presents the epoch
   at each heartbeat, so a crawl whose state vanished (Redis restarted empty,
   flushed) is noticed. ``redisspine purge`` leaves only ``purged_ms`` (a tombstone),
-  so running workers learn that it was a purge.
+  so running workers learn that it was a purge. ``purging_ms``: a sharded crawl on a
+  cluster whose last worker is deleting it (persistence off; purge_if_done.lua), its
+  shards one by one; a worker registering meanwhile finishes that first.
 - ``starting``: worker id -> last heartbeat (ms) of each worker whose spider still
   produces start requests; the crawl is not finished while a live one is listed.
 - ``lane_limits``: lane -> the most requests of that lane in flight group-wide, for

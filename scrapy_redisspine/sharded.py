@@ -72,6 +72,8 @@ if TYPE_CHECKING:
 #: How often a count retries a double collect that a concurrent change unsettled,
 #: before it reports the crawl as busy (never as idle).
 COLLECT_TRIES = 3
+#: How often a worker finishes a purge another left midway before it gives up.
+PURGE_TRIES = 3
 
 #: One enqueue call of a phase: shard, positions of its requests, its acks (with the
 #: shard's own order keys), their item lists, loose items.
@@ -132,6 +134,9 @@ class ShardedFrontier:
         #: Loose items a call wrote in an enqueue that raised (another shard's call
         #: failed): the caller sends them again with its retry, and they are skipped.
         self._loose_written: list[StreamItem] = []
+        #: Each shard's queue as its last lease reply counted it: the crawl's queue
+        #: for display (len(scheduler)), without a call to every shard per lease.
+        self._queued_seen = [0] * len(self.shards)
         self.upkeep = ShardedUpkeep(keys, self.crawl.upkeep,
                                     [shard.upkeep for shard in self.shards])
 
@@ -151,8 +156,22 @@ class ShardedFrontier:
         """Register on the crawl-wide keys; learn the epoch for every shard."""
         stored = stored_shards(self.client, self.keys)
         registration = self.crawl.register(flush=flush, alive_ms=alive_ms, spider=spider)
+        for _ in range(PURGE_TRIES):
+            if registration.status != "purging":
+                break
+            # The crawl's last worker was deleting it (persistence off) and stopped
+            # midway, or is at it: finish that, then join whatever is there.
+            self.upkeep.finish_purge(registration.epoch, alive_ms)
+            registration = self.crawl.register(flush=flush, alive_ms=alive_ms, spider=spider)
+        if registration.status == "purging":
+            raise redis.RedisError(f"crawl {self.keys.crawl_id!r} is still being deleted "
+                                   f"after {PURGE_TRIES} tries (persistence off)")
         if registration.status in ("conflict", "shards"):
             return registration
+        if registration.status == "finished" and not self.collect().idle:
+            # register.lua reads the crawl-wide queue, which a sharded crawl leaves
+            # empty: work pushed since it finished is in the shards
+            registration = replace(registration, status="joined")
         if self.keys.cluster and self.keys.shards > 1:
             if registration.flushed:
                 self._flush_shards(max(stored, self.keys.shards))
@@ -176,7 +195,9 @@ class ShardedFrontier:
             self.shards[0].upkeep.purge_keys([*named, *rest])  # (KEYS name every key)
 
     def heartbeat(self, starting: bool = False) -> Any:
-        return self.crawl.heartbeat(starting)
+        """The crawl-wide heartbeat, its count of the queue the shards' as last seen
+        (heartbeat.lua counts the crawl-wide queue, which a sharded crawl leaves empty)."""
+        return replace(self.crawl.heartbeat(starting), queued=sum(self._queued_seen))
 
     def done_starting(self) -> None:
         self.crawl.done_starting()
@@ -372,7 +393,11 @@ class ShardedFrontier:
             if len(taken.leases) >= count:
                 break
             taken.add(shard, self.shards[shard].lease(count - len(taken.leases)))
-        return taken.batch()
+        for shard, batch in taken.latest.items():
+            self._queued_seen[shard] = batch.queued
+        # the queue of shards not asked this time as they last said: for display, and
+        # never the only sign of work left (a lease that finds none asks every shard)
+        return replace(taken.batch(), queued=sum(self._queued_seen))
 
     def enqueue_and_lease(
         self, requests: Sequence[NewRequest], acks: Sequence[Ack | LeaseHandle], count: int,

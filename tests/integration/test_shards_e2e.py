@@ -6,6 +6,7 @@ Every outcome is read from the test site's own log (what it served, how often).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -193,3 +194,39 @@ def test_closespider_pagecount_holds_fleet_wide_over_shards(
     per_worker = [int(r.stats.get("response_received_count", 0)) for r in results]
     assert sum(1 for pages in per_worker if pages) >= 2, (
         f"pages per worker {per_worker}: the budget was not shared by the fleet")
+
+
+def _keys_of(client: redis.Redis, crawl: str) -> list[bytes]:
+    """Every key of the crawl on the server or on every master. The registries and
+    the politeness group's keys are not the crawl's: they outlive it (on a cluster
+    the group's keys carry the crawl's or its shard's tag, ``P:{C/i}:g:<name>``)."""
+    return sorted(key for key in client.keys("*")
+                  if f"{{{crawl}".encode() in key and b"}:g:" not in key)
+
+
+@pytest.mark.usefixtures("outside_any_project")
+@pytest.mark.parametrize("where", ["one-redis", "cluster"])
+def test_persist_off_deletes_a_sharded_crawl_when_it_finishes(
+    site_factory: SiteFactory, project_dir: Path, worker_log_dir: Path, redis_url: str,
+    where: str,
+) -> None:
+    """Three workers crawl with REDISSPINE_PERSIST = False: every page once, and
+    nothing of the crawl is left after; a second run crawls the site again (its
+    dedup went with it)."""
+    site = site_factory(hosts=6, pages_per_host=5)
+    crawl = "sharded-transient"
+    with contextlib.ExitStack() as stack:
+        url = (stack.enter_context(ClusterServers(masters=3)).url if where == "cluster"
+               else redis_url)
+        fleet = Fleet(project_dir, {"REDISSPINE_REDIS_URL": url, "REDISSPINE_CRAWL_ID": crawl},
+                      worker_log_dir)
+        client = client_from_url(url)
+        stack.callback(client.close)
+        settings = fleet.crawling(site, REDISSPINE_SHARDS=6 if where == "cluster" else 3,
+                                  REDISSPINE_PERSIST=False, DOWNLOAD_DELAY=0.02)
+        assert_finished(fleet.run(3, settings, timeout=150))
+        assert_exactly_once(site)
+        assert _keys_of(client, crawl) == []
+        assert not client.sismember(fleet.keys.crawls, crawl)
+        assert_finished(fleet.run(1, settings, timeout=150, log="again"))
+    assert set(site.fetch_counts().values()) == {2}, "the second run fetched every page again"

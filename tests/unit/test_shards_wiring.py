@@ -1,7 +1,7 @@
 """REDISSPINE_SHARDS in a Scrapy worker: the scheduler joins through a ShardedFrontier,
 and everything a worker does (leases and acks, the count that finishes the crawl,
 the Recovery sweep, the dedup record's upkeep, the feed drain, the fleet's counters)
-spans the shards; what cannot work sharded yet is refused at open in one line.
+spans the shards; a setting a sharded crawl cannot take is refused at open in one line.
 
 Each scheduler test runs on fakeredis and on the real redis-server.
 """
@@ -128,21 +128,12 @@ def test_an_unsharded_worker_on_a_sharded_crawl_is_refused(
                   f"REDISSPINE_SHARDS = {SHARDS}", "REDISSPINE_SHARDS = 1")
 
 
-@pytest.mark.parametrize(
-    ("settings", "said"),
-    [
-        pytest.param({"REDISSPINE_CRAWL_ID": "a/b"}, ("'a/b'", "'/'"), id="slash"),
-        pytest.param({**FAST, "REDISSPINE_PERSIST": False},
-                     ("REDISSPINE_PERSIST = False", "REDISSPINE_SHARDS = 3"), id="persist"),
-    ],
-)
-def test_what_a_sharded_crawl_cannot_do_yet_is_refused_at_open(
+def test_a_crawl_id_with_a_slash_is_refused_at_open(
     make_scheduler: MakeScheduler, caplog: pytest.LogCaptureFixture, client: redis.Redis,
-    settings: dict[str, Any], said: tuple[str, ...],
 ) -> None:
     with caplog.at_level(logging.INFO, logger="scrapy_redisspine"):
-        worker = make_scheduler("w1", **settings)
-    _refused_with(worker, caplog, "redisspine_config_error", *said)
+        worker = make_scheduler("w1", REDISSPINE_CRAWL_ID="a/b")
+    _refused_with(worker, caplog, "redisspine_config_error", "'a/b'", "'/'")
     assert not client.keys("*"), "nothing written"
 
 
@@ -475,3 +466,16 @@ def test_a_crawl_id_no_crawl_may_have_is_left_out_of_the_group_sweep(
     sweeper.register(flush=False, alive_ms=2000, spider="sched")
     client.sadd(sweeper.keys.group_crawls, "old/id", "fine")
     assert sweeper.upkeep.group_crawls(10) == ["fine"]
+
+
+def test_a_malformed_member_of_a_shard_is_reported_with_the_shards_keys(
+    make_scheduler: MakeScheduler, client: redis.Redis, caplog: pytest.LogCaptureFixture,
+) -> None:
+    worker = make_scheduler("w1", **FAST)
+    client.zadd(KEYS.shard_view(1).queue, {b"000000000000000\xffnot a request": 0})
+    with caplog.at_level(logging.ERROR, logger="scrapy_redisspine"):
+        assert next_request(worker) is None
+    (line,) = _errors(caplog)
+    assert "1 malformed member(s) of redisspine:{test/*}:queue" in line, line
+    assert "dead letters in redisspine:{test/*}:dead" in line, line
+    assert client.hlen(KEYS.shard_view(1).dead) == 1
