@@ -102,7 +102,8 @@ key                        type    written by                      lifetime
   flushed) is noticed. ``redisspine purge`` leaves only ``purged_ms`` (a tombstone),
   so running workers learn that it was a purge. ``purging_ms``: a sharded crawl on a
   cluster whose last worker is deleting it (persistence off; purge_if_done.lua), its
-  shards one by one; a worker registering meanwhile finishes that first.
+  shards one by one; a worker registering meanwhile finishes that first. Once such
+  a crawl is deleted its record keeps only ``shards`` (where its items streams are).
 - ``starting``: worker id -> last heartbeat (ms) of each worker whose spider still
   produces start requests; the crawl is not finished while a live one is listed.
 - ``lane_limits``: lane -> the most requests of that lane in flight group-wide, for
