@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from redis.crc import key_slot
 
-from scrapy_redisspine import cli
+from scrapy_redisspine import cli, control
 from scrapy_redisspine.connection import client_from_url
 from scrapy_redisspine.keys import CrawlKeys
 from scrapy_redisspine.testing.redis_cluster import ClusterServers
@@ -228,7 +228,13 @@ def test_persist_off_deletes_a_sharded_crawl_when_it_finishes(
         keys = _sharded(fleet.keys, shards, cluster=where == "cluster")
         settings = fleet.crawling(site, REDISSPINE_SHARDS=shards, REDISSPINE_PERSIST=False,
                                   REDISSPINE_ITEMS=True, DOWNLOAD_DELAY=0.02)
-        assert_finished(fleet.run(3, settings, timeout=150))
+        # Paused until all three have joined: a worker that joins after the last one
+        # deleted the finished crawl starts it afresh (what persistence off means)
+        client.hset(fleet.keys.control, control.PAUSED, 1)
+        workers = fleet.start(3, settings)
+        wait_for(lambda: client.zcard(fleet.keys.workers) == 3, 60, "three workers joined")
+        client.hdel(fleet.keys.control, control.PAUSED)
+        assert_finished(wait_workers(workers, timeout=150))
         assert_exactly_once(site)
         items = {view.items.encode() for view in keys.shard_views()}
         assert [key for key in _keys_of(client, crawl) if key not in items] == [
