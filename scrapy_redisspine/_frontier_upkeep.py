@@ -337,7 +337,8 @@ class FrontierUpkeep:
         rest = [key for key in self.keys.all_crawl_keys() if key not in kept]
         purged = int(self._scripts.run(
             "purge_if_done",
-            [self.worker_id, epoch, alive_ms, len(views), "1" if keep_record else "0"],
+            [self.worker_id, epoch, alive_ms, len(views), "1" if keep_record else "0",
+             self.keys.shards],
             [*pairs, *rest]))
         if purged == PURGED:  # a separate command: the registry lies outside the slot
             self.client.srem(self.keys.crawls, self.keys.crawl_id)

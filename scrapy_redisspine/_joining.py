@@ -77,9 +77,6 @@ def join(config: SpineConfig, crawl_id: str, spider: str, worker_id: str) -> Joi
                          shards=config.shards)
     except ValueError as exc:
         raise JoinRefused(REASON_CONFIG, str(exc)) from None
-    refused = _unsupported_with_shards(config)
-    if refused:
-        raise JoinRefused(REASON_CONFIG, refused)
     connection = _connect(config, crawl_id, worker_id)
     keys = replace(keys, cluster=is_cluster(connection.client))
     options: dict[str, Any] = {
@@ -160,17 +157,6 @@ def _refuse(connection: WorkerConnection, reason: str, message: str) -> NoReturn
     """Close what this worker opened and refuse it, with ``reason`` and one line."""
     connection.close()
     raise JoinRefused(reason, message)
-
-
-def _unsupported_with_shards(config: SpineConfig) -> str:
-    """What a sharded crawl cannot do yet, as the one line that refuses it ("": none)."""
-    if config.shards == 1:
-        return ""
-    if config.items:
-        return (f"REDISSPINE_ITEMS is not supported with REDISSPINE_SHARDS = "
-                f"{config.shards} yet (each shard would hold its own items stream, which "
-                f"`redisspine export` does not read); use one shard, or a feed exporter")
-    return ""
 
 
 def _new_run(frontier: AnyFrontier) -> None:

@@ -25,8 +25,11 @@ ARGV[4]  shard_pairs  how many (queue, inflight) pairs of shards open KEYS[6 ..]
 ARGV[5]  keep_record  "1": the crawl's shards are in other slots (Redis Cluster) and
                    are deleted after this, one by one (sharded_upkeep.py): the last
                    worker keeps the record, marked `purging_ms`, until they are
+ARGV[6]  shards    a sharded crawl's N (absent or "1": unsharded): once the crawl is
+                   deleted its record keeps only `shards`, so that its items streams,
+                   one per shard and kept, are still found (`redisspine export`)
 
-Returns 2 when the crawl was deleted, 3 when all but its record was and its shards
+Returns 2 when the crawl was deleted (but for that note of its shards), 3 when all but its record was and its shards
 are to be deleted (keep_record), 1 when all but its record was (other workers are
 alive), 0 when work remains or the crawl is not the caller's.
 ]]
@@ -35,6 +38,7 @@ alive), 0 when work remains or the crawl is not the caller's.
 local queue, inflight, record, workers, starting = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local worker, epoch, alive_ms = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local shard_pairs, keep_record = tonumber(ARGV[4] or "0"), ARGV[5] == "1"
+local shards = tonumber(ARGV[6] or "1")
 if crawl_status(record, epoch) ~= "ok" then
     return 0
 end
@@ -70,4 +74,7 @@ if keep_record then
     return 3
 end
 redis.call("DEL", unpack(KEYS))
+if shards > 1 then
+    redis.call("HSET", record, "shards", shards) -- no epoch: writers find it "lost"
+end
 return 2

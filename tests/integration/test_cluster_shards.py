@@ -195,7 +195,8 @@ def test_persist_off_the_last_worker_deletes_every_shard_on_every_master(
     assert not first.upkeep.purge_if_done(first.epoch, ALIVE_MS)
     assert client.hget(keys.record, "finished_ms") is not None
     assert last.upkeep.purge_if_done(last.epoch, ALIVE_MS)
-    assert _left(client, keys) == []
+    assert _left(client, keys) == [keys.record]
+    assert client.hgetall(keys.record) == {b"shards": str(SHARDS).encode()}
     assert not client.sismember(keys.crawls, keys.crawl_id)
 
 

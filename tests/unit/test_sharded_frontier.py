@@ -354,7 +354,9 @@ def test_persist_off_the_last_worker_deletes_every_shard(
     assert not first.upkeep.purge_if_done(first.epoch, ALIVE_MS)
     assert client.hget(keys.record, "finished_ms") is not None
     assert last.upkeep.purge_if_done(last.epoch, ALIVE_MS)
-    assert [key for key in keys.all_crawl_keys() if client.exists(key)] == []
+    assert [key for key in keys.all_crawl_keys() if client.exists(key)] == [keys.record]
+    assert client.hgetall(keys.record) == {b"shards": str(SHARDS).encode()}, (
+        "only the note of where its items streams are")
     assert not client.sismember(keys.crawls, keys.crawl_id)
 
 
