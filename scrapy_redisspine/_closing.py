@@ -16,8 +16,6 @@ from typing import TYPE_CHECKING
 
 import redis
 
-from scrapy_redisspine._frontier_upkeep import FrontierUpkeep
-
 if TYPE_CHECKING:
     from scrapy.statscollectors import StatsCollector
 
@@ -81,12 +79,10 @@ class HandBack:
 
     def _note_finished(self) -> None:
         """The crawl is done fleet-wide: say so in its record, or delete it."""
-        upkeep = self._frontier.upkeep
-        # (a sharded crawl is always persisted: REDISSPINE_PERSIST = False is refused
-        # at open, _joining)
-        if self._config.persist or not isinstance(upkeep, FrontierUpkeep):
+        if self._config.persist:
             self._frontier.mark_finished()
-        elif upkeep.purge_if_done(self._frontier.epoch, self._config.worker_timeout_ms):
+        elif self._frontier.upkeep.purge_if_done(self._frontier.epoch,
+                                                 self._config.worker_timeout_ms):
             logger.info("redisspine: crawl finished; its keys deleted (persist off)")
 
     def _release_unstarted(self) -> None:

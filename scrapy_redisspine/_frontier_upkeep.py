@@ -35,6 +35,10 @@ if TYPE_CHECKING:
     from scrapy_redisspine.keys import CrawlKeys
 
 #: Redis type each key must have when it exists (``TYPE`` reply).
+#: purge_if_done.lua's replies: the crawl is gone; all but its record is, and its
+#: shards are to go (a sharded crawl on a cluster, sharded_upkeep.py).
+PURGED, SHARDS_LEFT = 2, 3
+
 EXPECTED_TYPES = {
     "queue": b"zset",
     "hosts": b"zset",
@@ -315,15 +319,40 @@ class FrontierUpkeep:
 
         The items stream stays: it is the crawl's output, not its state
         (``redisspine export`` reads it after the crawl; ``redisspine purge`` deletes
-        it)."""
+        it). A sharded crawl on one server goes in the same step, every shard's
+        queue and in-flight checked; on a cluster, see :meth:`purge_if_done_step`."""
+        return self.purge_if_done_step(epoch, alive_ms) == PURGED
+
+    def purge_if_done_step(self, epoch: str, alive_ms: int, *,
+                           keep_record: bool = False) -> int:
+        """purge_if_done.lua's reply: PURGED, SHARDS_LEFT (``keep_record``: the crawl's
+        keys but its record are gone, its shards are to go), 1 (others alive: its
+        record stays, saying it finished) or 0 (work remains, or not the caller's)."""
         named = self._scripts.keys("purge_if_done")
-        rest = [key for key in self.keys.all_crawl_keys()
-                if key not in named and key != self.keys.items]
-        purged = int(self._scripts.run("purge_if_done", [self.worker_id, epoch, alive_ms], rest))
-        if purged == 2:  # a separate command: the registry lies outside the crawl's slot
+        views = (self.keys.shard_views()
+                 if self.keys.shards > 1 and self.keys.shard is None and not self.keys.cluster
+                 else ())
+        pairs = [key for view in views for key in (view.queue, view.inflight)]
+        kept = {*named, *pairs, self.keys.items, *(view.items for view in views)}
+        rest = [key for key in self.keys.all_crawl_keys() if key not in kept]
+        purged = int(self._scripts.run(
+            "purge_if_done",
+            [self.worker_id, epoch, alive_ms, len(views), "1" if keep_record else "0",
+             self.keys.shards],
+            [*pairs, *rest]))
+        if purged == PURGED:  # a separate command: the registry lies outside the slot
             self.client.srem(self.keys.crawls, self.keys.crawl_id)
             self.client.srem(self.keys.group_crawls, self.keys.crawl_id)
-        return purged == 2
+        return purged
+
+    def purge_shard(self, epoch: str, *, check: bool = False) -> int:
+        """Delete this shard of a finished crawl on a cluster (``scripts/purge_shard.lua``):
+        1 deleted (or, with ``check``, deletable), 0 it holds work, -1 not the crawl
+        of ``epoch`` (started afresh, or this shard already gone)."""
+        named = self._scripts.keys("purge_shard")
+        rest = [key for key in self.keys.shard_keys()
+                if key not in named and key != self.keys.items]
+        return int(self._scripts.run("purge_shard", [epoch, "1" if check else "0"], rest))
 
     # -- the politeness group's other crawls ----------------------------------------------
 

@@ -17,10 +17,12 @@ from __future__ import annotations
 import contextlib
 import datetime
 import logging
+import time
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import redis
+from redis.sentinel import MasterNotFoundError
 
 from scrapy_redisspine.connection import RedisServerNotFound, describe_url, is_cluster
 from scrapy_redisspine.control import CLOSE
@@ -48,6 +50,11 @@ FAILED_REASONS = frozenset({
 })
 
 
+#: How long a worker's join rides through a cluster failing over or resharding
+#: before it refuses (a replica is promoted within the cluster's node timeout).
+JOIN_RIDE_SECONDS = 30.0
+
+
 class JoinRefused(Exception):
     """This worker cannot work on its crawl; ``reason`` is its close reason."""
 
@@ -70,9 +77,6 @@ def join(config: SpineConfig, crawl_id: str, spider: str, worker_id: str) -> Joi
                          shards=config.shards)
     except ValueError as exc:
         raise JoinRefused(REASON_CONFIG, str(exc)) from None
-    refused = _unsupported_with_shards(config)
-    if refused:
-        raise JoinRefused(REASON_CONFIG, refused)
     connection = _connect(config, crawl_id, worker_id)
     keys = replace(keys, cluster=is_cluster(connection.client))
     options: dict[str, Any] = {
@@ -87,17 +91,7 @@ def join(config: SpineConfig, crawl_id: str, spider: str, worker_id: str) -> Joi
                         holder_timeout_ms=config.worker_timeout_ms, **options)
         if config.shards > 1
         else Frontier(connection.client, keys, worker_id, config.queue_order, **options))
-    try:
-        frontier.upkeep.check_key_types()
-        registration = frontier.register(
-            flush=config.flush_on_start, alive_ms=config.worker_timeout_ms, spider=spider
-        )
-    except CorruptKeyError as exc:
-        connection.close()
-        raise JoinRefused(REASON_CORRUPT, str(exc)) from None
-    except redis.RedisError as exc:
-        connection.close()
-        raise JoinRefused(REASON_UNREACHABLE, _unreachable(connection.description, exc)) from None
+    registration = _register(config, connection, frontier, spider)
     if registration.status == "conflict":
         _refuse(connection, REASON_CONFLICT, (
             f"crawl {crawl_id!r} on this Redis belongs to spider {registration.spider!r}, "
@@ -118,25 +112,51 @@ def join(config: SpineConfig, crawl_id: str, spider: str, worker_id: str) -> Joi
     return Joined(connection, frontier, registration)
 
 
+def _register(config: SpineConfig, connection: WorkerConnection, frontier: AnyFrontier,
+              spider: str) -> Registration:
+    """Check the crawl's keys and register, riding through what a Redis Cluster (or a
+    Sentinel's primary) says while it fails over or reshards, for up to
+    :data:`JOIN_RIDE_SECONDS`: a worker started in that moment waits, as running
+    workers do, instead of exiting. Anything else refuses at once."""
+    deadline = time.monotonic() + JOIN_RIDE_SECONDS
+    delay = 0.1
+    while True:
+        try:
+            frontier.upkeep.check_key_types()
+            return frontier.register(
+                flush=config.flush_on_start, alive_ms=config.worker_timeout_ms, spider=spider
+            )
+        except CorruptKeyError as exc:
+            _refuse(connection, REASON_CORRUPT, str(exc))
+        except (redis.RedisError, redis.exceptions.RedisClusterException) as exc:
+            if not _passing(exc) or time.monotonic() + delay > deadline:
+                _refuse(connection, REASON_UNREACHABLE,
+                        _unreachable(connection.description, exc))
+            if delay == 0.1:  # once per join
+                logger.warning(
+                    "redisspine: %s while joining (%s: %s); a cluster failing over or "
+                    "resharding says so: retrying for up to %.0f s",
+                    connection.description, type(exc).__name__, exc, JOIN_RIDE_SECONDS)
+            time.sleep(delay)
+            delay = min(2 * delay, 2.0)
+
+
+def _passing(exc: Exception) -> bool:
+    """Does ``exc`` come from a failover or a reshard under way (not from a server that
+    is down, a wrong password or URL)? Cluster redirections and retries that ran out
+    (``TRYAGAIN``, ``ASK``, ``CLUSTERDOWN``, a slot no master serves yet, redis-py's
+    "TTL exhausted"), a primary turned replica, a Sentinel with no primary yet."""
+    return isinstance(exc, (
+        redis.exceptions.ClusterError, redis.exceptions.TryAgainError,
+        redis.exceptions.AskError, redis.exceptions.RedisClusterException,
+        redis.exceptions.ReadOnlyError, MasterNotFoundError,
+    ))
+
+
 def _refuse(connection: WorkerConnection, reason: str, message: str) -> NoReturn:
     """Close what this worker opened and refuse it, with ``reason`` and one line."""
     connection.close()
     raise JoinRefused(reason, message)
-
-
-def _unsupported_with_shards(config: SpineConfig) -> str:
-    """What a sharded crawl cannot do yet, as the one line that refuses it ("": none)."""
-    if config.shards == 1:
-        return ""
-    if not config.persist:
-        return (f"REDISSPINE_PERSIST = False is not supported with REDISSPINE_SHARDS = "
-                f"{config.shards} yet (the last worker's delete spans one hash tag); keep "
-                f"the crawl and delete it with `redisspine purge`, or use one shard")
-    if config.items:
-        return (f"REDISSPINE_ITEMS is not supported with REDISSPINE_SHARDS = "
-                f"{config.shards} yet (each shard would hold its own items stream, which "
-                f"`redisspine export` does not read); use one shard, or a feed exporter")
-    return ""
 
 
 def _new_run(frontier: AnyFrontier) -> None:

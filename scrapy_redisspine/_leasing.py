@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from scrapy_redisspine._redis_io import RedisIO
     from scrapy_redisspine._results import Repairs
     from scrapy_redisspine.frontier import Count, EnqueueResult, Lease, LeaseBatch
+    from scrapy_redisspine.keys import CrawlKeys
     from scrapy_redisspine.request_codec import RequestCodec
     from scrapy_redisspine.sharded import AnyFrontier
 
@@ -353,10 +354,11 @@ class Leaser:
 
     def _report_malformed(self, malformed: int) -> None:
         if malformed:
+            keys = self._frontier.keys
             logger.error(
                 "redisspine: %d malformed member(s) of %s (not written by this plugin) "
-                "moved to dead letters in %s", malformed, self._frontier.keys.queue,
-                self._frontier.keys.dead,
+                "moved to dead letters in %s", malformed, _named(keys, "queue"),
+                _named(keys, "dead"),
             )
             self._stats.inc_value("redisspine/scheduler/malformed", malformed)
 
@@ -385,3 +387,12 @@ class Leaser:
             self._stats.inc_value("redisspine/scheduler/leased_requeued")
         self._crawl_delay_learned(lease.lane, lease.crawl_delay)
         self._book.add(request, handle, lease.lane)
+
+
+def _named(keys: CrawlKeys, name: str) -> str:
+    """A frontier key's name for a log line: of a sharded crawl, its shards' names
+    (``P:{C/*}:queue``), the crawl-wide one being unused."""
+    if keys.shards == 1:
+        return str(getattr(keys, name))
+    first = str(getattr(keys.shard_view(0), name))
+    return first.replace(f"{{{keys.crawl_id}/0}}", f"{{{keys.crawl_id}/*}}", 1)

@@ -151,7 +151,9 @@ class Context:
         except ValueError as exc:
             raise CliError(str(exc)) from exc
 
-    def existing(self, crawl: str, *, sharded_ok: bool = False) -> CrawlKeys:
+    def existing(self, crawl: str) -> CrawlKeys:
+        """The keys of an existing crawl, in its layout (its number of shards: every
+        command reads each shard's keys of a sharded crawl)."""
         keys = self.keys(crawl)
         if not crawl_exists(self.client, keys):
             known = list_crawls(self.client, keys.crawls, limit=20)
@@ -159,17 +161,7 @@ class Context:
                 f"no crawl {crawl!r} on {describe_url(self.url)} (prefix {self.prefix!r}); "
                 f"crawls here: {', '.join(known) or 'none'}"
             )
-        shards = stored_shards(self.client, keys)
-        if shards > 1 and not sharded_ok:
-            # Its frontier is under {crawl/i} tags that this command does not read:
-            # it would show (or purge, or export) an empty crawl.
-            raise CliError(
-                f"crawl {crawl!r} is sharded over {shards} hash tags (ShardedFrontier); "
-                f"this command does not read sharded crawls yet (seed, pause, resume, "
-                f"drain, status, dead-letters, requeue-dead, sweep, purge, list, metrics "
-                f"and dashboard do)"
-            )
-        return replace(keys, shards=shards)
+        return replace(keys, shards=stored_shards(self.client, keys))
 
     def frontier(self, keys: CrawlKeys) -> AnyFrontier:
         """A handle on the crawl of ``keys`` in its layout (``existing`` gives the
@@ -290,7 +282,8 @@ def _command_options(name: str, sub: argparse.ArgumentParser) -> None:
         sub.add_argument("--follow", action="store_true",
                          help="keep reading a live crawl until it is finished")
         sub.add_argument("--after", metavar="ID",
-                         help="start after this stream entry id (a fresh export only)")
+                         help="start after this stream entry id (a fresh export only; "
+                              "of a sharded crawl, in every shard's stream)")
 
 
 def build_parser() -> argparse.ArgumentParser:

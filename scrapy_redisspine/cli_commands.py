@@ -55,7 +55,7 @@ def confirm(question: str) -> bool:
 
 
 def cmd_status(ctx: CommandContext, args: argparse.Namespace) -> int:
-    keys = ctx.existing(args.crawl, sharded_ok=True)
+    keys = ctx.existing(args.crawl)
     timeout_ms = ctx.config.worker_timeout_ms
     pace = lane_pace(ctx.config)
     clear = sys.stdout.isatty()  # never screen codes into a pipe or a file
@@ -127,7 +127,7 @@ def order_command(
     name: str, on: bool, message: str
 ) -> Callable[[CommandContext, argparse.Namespace], int]:
     def command(ctx: CommandContext, args: argparse.Namespace) -> int:
-        keys = ctx.existing(args.crawl, sharded_ok=True)  # orders are crawl-wide
+        keys = ctx.existing(args.crawl)  # orders are crawl-wide
         if name == control.PAUSED and not on:
             control.give_order(ctx.client, keys, control.DRAIN, False)
         control.give_order(ctx.client, keys, name, on)
@@ -138,7 +138,7 @@ def order_command(
 
 
 def cmd_dead_letters(ctx: CommandContext, args: argparse.Namespace) -> int:
-    upkeep = ctx.frontier(ctx.existing(args.crawl, sharded_ok=True)).upkeep
+    upkeep = ctx.frontier(ctx.existing(args.crawl)).upkeep
     if args.drop:
         dropped = upkeep.drop_dead(args.drop)
         print(f"dropped {dropped} dead letter(s)")
@@ -154,7 +154,7 @@ def cmd_dead_letters(ctx: CommandContext, args: argparse.Namespace) -> int:
 
 
 def _drop_all(ctx: CommandContext, args: argparse.Namespace) -> int:
-    keys = ctx.existing(args.crawl, sharded_ok=True)
+    keys = ctx.existing(args.crawl)
     upkeep = ctx.frontier(keys).upkeep
     total = sum(int(ctx.client.hlen(view.dead))  # type: ignore[arg-type]
                 for view in (keys.shard_views() if keys.shards > 1 else (keys,)))
@@ -176,7 +176,7 @@ def _drop_all(ctx: CommandContext, args: argparse.Namespace) -> int:
 
 
 def cmd_requeue_dead(ctx: CommandContext, args: argparse.Namespace) -> int:
-    frontier = ctx.frontier(ctx.existing(args.crawl, sharded_ok=True))
+    frontier = ctx.frontier(ctx.existing(args.crawl))
     letters = frontier.upkeep.dead_letters(args.limit)
     print_dead_letters(letters)
     count = frontier.upkeep.reinject_dead(letter.field for letter in letters)
@@ -188,7 +188,7 @@ def cmd_sweep(ctx: CommandContext, args: argparse.Namespace) -> int:
     """What a live worker's sweep does, once, from outside: a crawl whose workers all
     died holds its lanes' slots in the politeness group until someone sweeps it."""
     config = ctx.config
-    result = ctx.frontier(ctx.existing(args.crawl, sharded_ok=True)).upkeep.requeue_stale(
+    result = ctx.frontier(ctx.existing(args.crawl)).upkeep.requeue_stale(
         timeout_ms=config.worker_timeout_ms, ceiling_ms=config.lease_ceiling_ms,
         max_requeues=config.max_requeues, rest_ms=int(config.download_delay * 1000),
     )
@@ -199,7 +199,7 @@ def cmd_sweep(ctx: CommandContext, args: argparse.Namespace) -> int:
 
 
 def cmd_purge(ctx: CommandContext, args: argparse.Namespace) -> int:
-    keys = ctx.existing(args.crawl, sharded_ok=True)
+    keys = ctx.existing(args.crawl)
     if not args.yes:
         alive = ctx.frontier(keys).upkeep.workers_alive(ctx.config.worker_timeout_ms)
         warning = f" ({alive} worker(s) still alive!)" if alive else ""
@@ -265,7 +265,7 @@ def cmd_metrics(ctx: CommandContext, args: argparse.Namespace) -> int:
                        "pip install 'scrapy-redisspine[metrics]'") from None
     from scrapy_redisspine import metrics
 
-    crawls = [ctx.existing(crawl, sharded_ok=True).crawl_id for crawl in args.crawls]
+    crawls = [ctx.existing(crawl).crawl_id for crawl in args.crawls]
     read = metrics.read_for(ctx.client, timeout_ms=ctx.config.worker_timeout_ms,
                             top_lanes=args.top, pace=lane_pace(ctx.config),
                             memory_budget_bytes=ctx.config.memory_budget_bytes)
@@ -283,7 +283,7 @@ def cmd_dashboard(ctx: CommandContext, args: argparse.Namespace) -> int:
     from scrapy_redisspine import _serving
     from scrapy_redisspine.dashboard_app import Dashboard
 
-    keys = ctx.existing(args.crawl, sharded_ok=True)
+    keys = ctx.existing(args.crawl)
     pace = lane_pace(ctx.config)
 
     def read() -> dict[str, Any]:

@@ -19,6 +19,18 @@ whole each time. ``-`` starts at the beginning, or after ``--after ID``.
 
 ``--follow`` keeps reading a live crawl until it is finished and its stream read to
 the end (or Ctrl-C, which still closes the document and saves the cursor).
+
+Shards (``REDISSPINE_SHARDS`` > 1). Each shard's items stream holds the items of the
+pages its lanes served (an item goes in with its page's ack, so to the ack's shard):
+the export reads every shard's stream and merges them in entry-id order (an id is
+the Redis time of its write, ``ms-seq``), so one file holds every item of the crawl
+once. The cursor keeps one last id per shard (``last_ids``; a sidecar written before
+shards has only ``last_id``, which then stands for every shard); ``--after ID``
+starts every shard after that time. The merge is in time order as far as the
+shards' clocks agree (one server: one clock); a shard's entries are never skipped
+nor doubled, whatever the order, since each has its own cursor. ``--follow`` polls
+the shards (a blocking read of several streams would span slots on Redis Cluster)
+and sleeps up to a second when none had anything new.
 """
 
 from __future__ import annotations
@@ -27,6 +39,7 @@ import contextlib
 import json
 import os
 import sys
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -50,6 +63,10 @@ RESUMABLE = frozenset({"jsonlines", "csv"})
 SIDECAR_SUFFIX = ".redisspine-export"
 _BATCH = 500
 _BLOCK_MS = 1000
+#: How long ``--follow`` on a sharded crawl sleeps when no shard had anything new.
+_POLL_SECONDS = 1.0
+
+Entry = tuple[bytes, dict[bytes, bytes]]
 
 
 @dataclass
@@ -57,10 +74,35 @@ class Cursor:
     """Where the export to one file stopped (the sidecar's content)."""
 
     crawl: str
-    last_id: str = "0-0"
+    last_id: str = "0-0"  # the last entry written (of a sharded crawl: of any shard)
     size: int = 0
     fields: list[str] | None = None  # the CSV columns, once chosen
     exported: int = 0  # items in the file
+    #: A sharded crawl's cursor: shard index (as text) -> the last entry written of its
+    #: stream. None: every shard starts after ``last_id`` (a fresh export, ``--after``,
+    #: or a sidecar written before shards).
+    last_ids: dict[str, str] | None = None
+
+
+def entry_order(entry_id: str | bytes) -> tuple[int, int]:
+    """A stream entry id (``ms-seq``) as numbers, to compare: ``"10-0"`` comes after
+    ``"9-5"``, which text comparison would put first."""
+    text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+    ms, _, seq = text.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def merge_batches(batches: list[list[Entry]], full: list[bool]) -> list[tuple[int, Entry]]:
+    """The shards' batches as one, in entry-id order, each entry with its shard: only
+    the entries up to the earliest last entry of a full batch (that shard may have
+    more before the later ones of the others; they come in the next read)."""
+    horizon = min((entry_order(batch[-1][0]) for batch, more in zip(batches, full, strict=True)
+                   if more and batch), default=None)
+    merged = [(entry_order(entry[0]), shard, entry)
+              for shard, batch in enumerate(batches) for entry in batch]
+    merged.sort(key=lambda row: (row[0], row[1]))
+    return [(shard, entry) for order, shard, entry in merged
+            if horizon is None or order <= horizon]
 
 
 def export_format(output: str, chosen: str | None) -> str:
@@ -123,7 +165,8 @@ def _exportable(value: Any) -> Any:
 
 
 class Export:
-    """One run of the command: reads entries after the cursor, writes them out."""
+    """One run of the command: reads entries after the cursor, writes them out (every
+    shard's stream of a sharded crawl, merged: the module docstring)."""
 
     def __init__(self, client: redis.Redis, keys: CrawlKeys, exporter: BaseItemExporter,
                  cursor: Cursor) -> None:
@@ -133,10 +176,26 @@ class Export:
         self.cursor = cursor
         self.written = 0
         self.unreadable = 0
+        self.streams = ([view.items for view in keys.shard_views()] if keys.shards > 1
+                        else [keys.items])
+        if keys.shards > 1:
+            last_ids = cursor.last_ids or {}
+            cursor.last_ids = {str(shard): last_ids.get(str(shard), cursor.last_id)
+                               for shard in range(keys.shards)}
+        else:  # one stream: ``last_id`` is its cursor (whatever an older layout left)
+            cursor.last_ids = None
 
-    def write(self, entries: list[tuple[bytes, dict[bytes, bytes]]]) -> None:
-        for entry_id, values in entries:
+    def position(self, shard: int) -> str:
+        """The last entry written of shard ``shard``'s stream."""
+        if self.cursor.last_ids is None:
+            return self.cursor.last_id
+        return self.cursor.last_ids[str(shard)]
+
+    def write(self, entries: list[tuple[int, Entry]]) -> None:
+        for shard, (entry_id, values) in entries:
             self.cursor.last_id = entry_id.decode()
+            if self.cursor.last_ids is not None:
+                self.cursor.last_ids[str(shard)] = self.cursor.last_id
             try:
                 entry = entry_fields(entry_id, values)
             except SerializationError as exc:
@@ -147,23 +206,35 @@ class Export:
             self.written += 1
             self.cursor.exported += 1
 
-    def read_batch(self) -> list[tuple[bytes, dict[bytes, bytes]]]:
-        entries: list[Any] = self.client.xrange(  # type: ignore[assignment]
-            self.keys.items, f"({self.cursor.last_id}", "+", count=_BATCH)
-        return entries
+    def read_batch(self) -> list[tuple[int, Entry]]:
+        """The next entries after the cursor, up to a batch per stream, in id order."""
+        if len(self.streams) == 1:
+            one: list[Any] = self.client.xrange(  # type: ignore[assignment]
+                self.streams[0], f"({self.position(0)}", "+", count=_BATCH)
+            return [(0, entry) for entry in one]
+        pipe = self.client.pipeline(transaction=False)  # one call per shard's slot
+        for shard, stream in enumerate(self.streams):
+            pipe.xrange(stream, f"({self.position(shard)}", "+", count=_BATCH)
+        batches: list[list[Entry]] = [list(batch) for batch in pipe.execute()]
+        return merge_batches(batches, [len(batch) >= _BATCH for batch in batches])
 
-    def wait(self) -> list[tuple[bytes, dict[bytes, bytes]]]:
-        """Block up to a second for new entries (``--follow``)."""
-        reply: Any = self.client.xread({self.keys.items: self.cursor.last_id}, count=_BATCH,
+    def wait(self) -> list[tuple[int, Entry]]:
+        """New entries, waiting up to a second for them (``--follow``): one blocking
+        read of one stream; a sharded crawl's streams are polled (a read of several
+        would span slots on Redis Cluster)."""
+        if len(self.streams) > 1:
+            time.sleep(_POLL_SECONDS)
+            return self.read_batch()
+        reply: Any = self.client.xread({self.streams[0]: self.position(0)}, count=_BATCH,
                                        block=_BLOCK_MS)
-        return list(reply[0][1]) if reply else []
+        return [(0, entry) for entry in reply[0][1]] if reply else []
 
     def finished(self) -> bool:
         return self.client.hget(self.keys.record, "finished_ms") is not None
 
 
 def cmd_export(ctx: CommandContext, args: argparse.Namespace) -> int:
-    keys = ctx.existing(args.crawl)
+    keys = ctx.existing(args.crawl)  # every shard's stream: Export
     fmt = export_format(args.output, args.format)
     to_stdout = args.output == "-"
     resumable = fmt in RESUMABLE and not to_stdout
@@ -171,7 +242,7 @@ def cmd_export(ctx: CommandContext, args: argparse.Namespace) -> int:
     cursor = read_cursor(sidecar, args.crawl) if resumable else Cursor(args.crawl)
     stream, appending = _open(args.output, cursor, resumable)
     if args.after and not appending:
-        cursor.last_id = args.after
+        cursor.last_id, cursor.last_ids = args.after, None  # every shard after that time
     exporter = _exporter(fmt, stream, cursor, appending)
     export = Export(ctx.client, keys, exporter, cursor)
     interrupted = False
@@ -207,6 +278,7 @@ def _open(output: str, cursor: Cursor, resumable: bool) -> tuple[IO[bytes], bool
     if not (resumable and path.exists() and cursor.size > 0):
         # a fresh document: whatever a cursor said of an older file no longer holds
         cursor.last_id, cursor.size, cursor.exported, cursor.fields = "0-0", 0, 0, None
+        cursor.last_ids = None
         return path.open("wb"), False
     stream = path.open("r+b")
     stream.truncate(cursor.size)  # a batch written after the last cursor: again below

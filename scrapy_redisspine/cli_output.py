@@ -117,6 +117,21 @@ def _items_line(items: dict[str, int]) -> list[str]:
             f"shed {items['shed']}   fenced {items['fenced']}"]
 
 
+def _losses_and_feed(counters: dict[str, int | float]) -> list[str]:
+    """What never reached the queue (shed for lack of memory: the crawl is then not
+    finished) and what the feed brought, when there is any: counted in ``stats``, so
+    a user reading ``status`` sees it without ``--json``."""
+    lines = []
+    shed = int(counters.get("shed", 0))
+    if shed:
+        lines.append(f"  shed {shed} request(s) for lack of Redis memory: the crawl "
+                     f"will not close as finished (FAQ, \"Redis memory fills up\")")
+    fed, dead = int(counters.get("fed", 0)), int(counters.get("feed_dead_lettered", 0))
+    if fed or dead:
+        lines.append(f"  feed: {fed} entry(ies) enqueued, {dead} dead-lettered")
+    return lines
+
+
 def render_status(status: dict[str, Any]) -> str:
     """The readable status; a section with nothing to show is left out, not printed
     as an empty table."""
@@ -135,6 +150,7 @@ def render_status(status: dict[str, Any]) -> str:
         f"{dedup['memory_bytes'] if dedup['memory_bytes'] is not None else '?'} bytes",
         f"  Redis memory: {_memory(status['redis_memory'])}",
         *_items_line(status["items"]),
+        *_losses_and_feed(status["counters"]),
         *([f"  fleet limit reached: every worker closes ({status['close_reason']})"]
           if status.get("close_reason") else []),
         "",

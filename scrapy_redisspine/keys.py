@@ -100,7 +100,10 @@ key                        type    written by                      lifetime
   ``idle_since_ms`` and ``idle_mark`` (fleet_counts.lua). Every worker presents the epoch
   at each heartbeat, so a crawl whose state vanished (Redis restarted empty,
   flushed) is noticed. ``redisspine purge`` leaves only ``purged_ms`` (a tombstone),
-  so running workers learn that it was a purge.
+  so running workers learn that it was a purge. ``purging_ms``: a sharded crawl on a
+  cluster whose last worker is deleting it (persistence off; purge_if_done.lua), its
+  shards one by one; a worker registering meanwhile finishes that first. Once such
+  a crawl is deleted its record keeps only ``shards`` (where its items streams are).
 - ``starting``: worker id -> last heartbeat (ms) of each worker whose spider still
   produces start requests; the crawl is not finished while a live one is listed.
 - ``lane_limits``: lane -> the most requests of that lane in flight group-wide, for
@@ -114,7 +117,9 @@ key                        type    written by                      lifetime
   step as the ack of the request whose callback produced it (only for an ack that
   passes the fencing check); fields ``class`` (dotted path, ``dict`` for a plain
   dict), ``url`` (of that request's response) and ``item`` (the serialized item).
-  Read by ``redisspine export`` and by the user's own consumers (XREADGROUP).
+  Read by ``redisspine export`` and by the user's own consumers (XREADGROUP). A
+  sharded crawl has one per shard (below), each holding the items of the acks its
+  shard took; ``export`` merges them (cli_export.py).
 - The feed key (``REDISSPINE_FEED_KEY``, by default scrapy-redis's
   ``<spider>:start_urls``): a LIST or ZSET the user writes and every worker drains
   (``feed_done`` removes what a worker enqueued). Named by the user, so it carries

@@ -233,15 +233,18 @@ SETTINGS: tuple[Setting, ...] = (
             "Store every item that reaches the end of the item pipelines in the crawl's "
             "items stream in Redis, in the same step as the ack of the request whose "
             "callback produced it: each page's items exactly once for the whole fleet, "
-            "through kills and requeues. Read with `redisspine export`. See \"Fleet items\"."),
+            "through kills and requeues (on a sharded crawl, one stream per shard). Read "
+            "with `redisspine export`. See \"Fleet items\"."),
     Setting("REDISSPINE_ITEMS_MAX_COUNT", 0, as_number, (int, 0),
             "Most entries the items stream holds (0: no cap). Past it new items are shed: "
-            "counted (`redisspine/items/shed`) and logged once a minute; the crawl goes on."),
+            "counted (`redisspine/items/shed`) and logged once a minute; the crawl goes on. "
+            "On a sharded crawl (`REDISSPINE_SHARDS` = N) the cap is the crawl's: each "
+            "shard's stream holds at most ceil(cap / N)."),
     Setting("REDISSPINE_ITEMS_MAX_BYTES", 0, as_number, (int, 0),
             "Most bytes of serialized items the stream holds, estimated from what was "
             "written and what is still there (0: no cap); past it new items are shed "
-            "as with `REDISSPINE_ITEMS_MAX_COUNT`. `REDISSPINE_MEMORY_BUDGET_BYTES` and "
-            "`maxmemory` shed items too."),
+            "as with `REDISSPINE_ITEMS_MAX_COUNT`, and shared over the shards as it is. "
+            "`REDISSPINE_MEMORY_BUDGET_BYTES` and `maxmemory` shed items too."),
     # -- fleet-wide limits (limits.py) --------------------------------------------
     Setting("REDISSPINE_CLOSESPIDER_PER_PROCESS", False, as_bool, (),
             "Scrapy's `CLOSESPIDER_PAGECOUNT`, `_ITEMCOUNT`, `_ERRORCOUNT` and `_TIMEOUT` "

@@ -72,6 +72,8 @@ if TYPE_CHECKING:
 #: How often a count retries a double collect that a concurrent change unsettled,
 #: before it reports the crawl as busy (never as idle).
 COLLECT_TRIES = 3
+#: How often a worker finishes a purge another left midway before it gives up.
+PURGE_TRIES = 3
 
 #: One enqueue call of a phase: shard, positions of its requests, its acks (with the
 #: shard's own order keys), their item lists, loose items.
@@ -84,6 +86,22 @@ def stored_shards(client: redis.Redis, keys: CrawlKeys) -> int:
     record without it, or no record: 1). Tools outside the fleet read it to pick
     their layout."""
     return number(client.hget(keys.record, "shards"), 1)
+
+
+def items_caps_share(options: Mapping[str, Any], shards: int) -> dict[str, Any]:
+    """``options`` with each shard's share of the items caps.
+
+    REDISSPINE_ITEMS_MAX_COUNT / _MAX_BYTES are for the whole crawl, and each shard's
+    items stream holds at most ``ceil(cap / shards)`` of it: a shard's script sees
+    only its own stream, so the caps are split up front, never summed at run time.
+    The crawl then holds at most ``shards - 1`` entries (or bytes) more than the
+    cap, and fewer when its lanes (hence its items) are unevenly spread."""
+    share = dict(options)
+    for name in ("items_cap", "items_max_bytes"):
+        cap = int(share.get(name, 0) or 0)
+        if cap > 0:
+            share[name] = -(-cap // shards)
+    return share
 
 
 class ShardedFrontier:
@@ -109,9 +127,16 @@ class ShardedFrontier:
         self.keys = keys
         self.worker_id = worker_id
         self.crawl = Frontier(client, keys, worker_id, order, **options)
-        self.shards = [Frontier(client, view, worker_id, order, **options)
+        shard_options = items_caps_share(options, keys.shards)
+        self.shards = [Frontier(client, view, worker_id, order, **shard_options)
                        for view in keys.shard_views()]
         self._next_shard = 0  # where the next lease starts (round-robin)
+        #: Loose items a call wrote in an enqueue that raised (another shard's call
+        #: failed): the caller sends them again with its retry, and they are skipped.
+        self._loose_written: list[StreamItem] = []
+        #: Each shard's queue as its last lease reply counted it: the crawl's queue
+        #: for display (len(scheduler)), without a call to every shard per lease.
+        self._queued_seen = [0] * len(self.shards)
         self.upkeep = ShardedUpkeep(keys, self.crawl.upkeep,
                                     [shard.upkeep for shard in self.shards])
 
@@ -131,8 +156,22 @@ class ShardedFrontier:
         """Register on the crawl-wide keys; learn the epoch for every shard."""
         stored = stored_shards(self.client, self.keys)
         registration = self.crawl.register(flush=flush, alive_ms=alive_ms, spider=spider)
+        for _ in range(PURGE_TRIES):
+            if registration.status != "purging":
+                break
+            # The crawl's last worker was deleting it (persistence off) and stopped
+            # midway, or is at it: finish that, then join whatever is there.
+            self.upkeep.finish_purge(registration.epoch, alive_ms)
+            registration = self.crawl.register(flush=flush, alive_ms=alive_ms, spider=spider)
+        if registration.status == "purging":
+            raise redis.RedisError(f"crawl {self.keys.crawl_id!r} is still being deleted "
+                                   f"after {PURGE_TRIES} tries (persistence off)")
         if registration.status in ("conflict", "shards"):
             return registration
+        if registration.status == "finished" and not self.collect().idle:
+            # register.lua reads the crawl-wide queue, which a sharded crawl leaves
+            # empty: work pushed since it finished is in the shards
+            registration = replace(registration, status="joined")
         if self.keys.cluster and self.keys.shards > 1:
             if registration.flushed:
                 self._flush_shards(max(stored, self.keys.shards))
@@ -156,7 +195,9 @@ class ShardedFrontier:
             self.shards[0].upkeep.purge_keys([*named, *rest])  # (KEYS name every key)
 
     def heartbeat(self, starting: bool = False) -> Any:
-        return self.crawl.heartbeat(starting)
+        """The crawl-wide heartbeat, its count of the queue the shards' as last seen
+        (heartbeat.lua counts the crawl-wide queue, which a sharded crawl leaves empty)."""
+        return replace(self.crawl.heartbeat(starting), queued=sum(self._queued_seen))
 
     def done_starting(self) -> None:
         self.crawl.done_starting()
@@ -208,7 +249,10 @@ class ShardedFrontier:
                 loose: Sequence[StreamItem] = ()) -> EnqueueResult:
         """Queue requests in their lanes' shards and ack leases in theirs, children
         first (the module docstring); a failed call raises before any ack is sent
-        when it carried children. ``loose`` items go to shard 0's items stream."""
+        when it carried children. ``loose`` items go with the first call (to its
+        shard's items stream; with no call else, to shard 0's), once: a retry of an
+        enqueue that raised after their call went through skips them (they are
+        fenced by no ack, and the caller retries all it sent)."""
         if items and len(items) != len(acks):
             raise ValueError(f"{len(items)} item lists for {len(acks)} acks")
         split = [split_key(ack[0]) for ack in acks]
@@ -223,37 +267,63 @@ class ShardedFrontier:
         last: list[_Send] = [(shard, positions, pick(own_acks, ack_positions),
                               pick(items, ack_positions) if items else [], ())
                              for shard, (positions, ack_positions) in plan.last.items()]
+        already = 0
+        if loose:  # (an ack alone in between keeps what the retry will skip)
+            sent = {id(item) for item in self._loose_written}  # (held: ids not reused)
+            already = sum(1 for item in loose if id(item) in sent)
+            loose = [item for item in loose if id(item) not in sent]
+            self._loose_written = []
         if loose:  # written as they are: with the first call there is, or on their own
             target = first or last or [(0, [], [], [], ())]
             shard, positions, these_acks, these_items, _ = target[0]
             target[0] = (shard, positions, these_acks, these_items, loose)
             if not first and not last:
                 first = target
+        written: list[StreamItem] = []  # loose items of the calls that went through
         for phase in (first, last):
-            replies = self._run_phase(requests, phase)
-            for (_, positions, *_rest), result in zip(phase, replies, strict=True):
+            try:
+                replies = self._run_phase(requests, phase)
+            except redis.RedisError:
+                if written:
+                    self._loose_written = written  # (this phase's: unknown, a lost reply)
+                raise
+            written += [item for send, reply in zip(phase, replies, strict=True)
+                        if not isinstance(reply, redis.RedisError) for item in send[4]]
+            error = next((reply for reply in replies if isinstance(reply, redis.RedisError)),
+                         None)
+            if error is not None:
+                if written:
+                    self._loose_written = written
+                raise error
+            for (_, positions, *_rest), reply in zip(phase, replies, strict=True):
+                result = enqueue_result(reply)
                 for position, status in zip(positions, result.statuses, strict=False):
                     statuses[position] = status
                 results.append(result)
         return EnqueueResult(
             "".join(statuses), sum(result.acked for result in results),
             tuple(repair for result in results for repair in result.repairs),
-            sum(result.items_written for result in results),
+            already + sum(result.items_written for result in results),
             sum(result.items_shed for result in results),
             tuple(step for result in results for step in result.throttled),
         )
 
-    def _run_phase(self, requests: Sequence[NewRequest],
-                   phase: Sequence[_Send]) -> list[EnqueueResult]:
+    def _run_phase(self, requests: Sequence[NewRequest], phase: Sequence[_Send]) -> list[Any]:
         """One call per shard, pipelined on one server; every call has completed when
-        this returns. The first error raises (after all of them ran)."""
+        this returns. Each reply, or the error of its call: on a cluster a call whose
+        master is unreachable too, the others' having gone through (``enqueue``
+        needs to know which did)."""
         calls = [self.shards[shard].enqueue_call(pick(requests, positions), acks, items, loose)
                  for shard, positions, acks, items, loose in phase]
-        replies = self.crawl.pipelined(calls) if calls else []
-        for reply in replies:
-            if isinstance(reply, redis.RedisError):
-                raise reply
-        return [enqueue_result(reply) for reply in replies]
+        if not is_cluster(self.client):
+            return self.crawl.pipelined(calls) if calls else []
+        replies: list[Any] = []
+        for call in calls:
+            try:
+                replies.extend(self.crawl.pipelined([call]))
+            except redis.RedisError as exc:
+                replies.append(exc)
+        return replies
 
     def ack(self, acks: Sequence[Ack | LeaseHandle]) -> int:
         return self.enqueue((), acks).acked if acks else 0
@@ -323,7 +393,11 @@ class ShardedFrontier:
             if len(taken.leases) >= count:
                 break
             taken.add(shard, self.shards[shard].lease(count - len(taken.leases)))
-        return taken.batch()
+        for shard, batch in taken.latest.items():
+            self._queued_seen[shard] = batch.queued
+        # the queue of shards not asked this time as they last said: for display, and
+        # never the only sign of work left (a lease that finds none asks every shard)
+        return replace(taken.batch(), queued=sum(self._queued_seen))
 
     def enqueue_and_lease(
         self, requests: Sequence[NewRequest], acks: Sequence[Ack | LeaseHandle], count: int,

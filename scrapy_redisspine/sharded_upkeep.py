@@ -9,9 +9,10 @@ are: each shard numbers its own.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import TYPE_CHECKING, Any
 
-from scrapy_redisspine._frontier_upkeep import DeadLetter, FrontierUpkeep
+from scrapy_redisspine._frontier_upkeep import PURGED, SHARDS_LEFT, DeadLetter, FrontierUpkeep
 from scrapy_redisspine._results import Count, SweepResult, UnindexedResult, number
 from scrapy_redisspine.connection import routed_to
 
@@ -21,6 +22,9 @@ if TYPE_CHECKING:
     import redis
 
     from scrapy_redisspine.keys import CrawlKeys
+
+
+logger = logging.getLogger("scrapy_redisspine.scheduler")
 
 
 def _split(name: str) -> tuple[int, str]:
@@ -149,6 +153,39 @@ class ShardedUpkeep:
                 deleted += shard.purge_keys(
                     [*named, *(key for key in view.shard_keys() if key not in named)])
         return deleted
+
+    def purge_if_done(self, epoch: str = "", alive_ms: int = 30_000) -> bool:
+        """Delete the finished crawl (persistence off): True when nothing of it is
+        left. On one server, one script checks every shard and deletes them all
+        (FrontierUpkeep.purge_if_done). On a cluster the shards lie in other slots:
+        the crawl's keys go first, but for its record, marked ``purging_ms`` in that
+        same step; then each shard (:meth:`finish_purge`). A worker that registers
+        before the record goes finishes the purge first (register.lua "purging"), so
+        no worker ever joins a half-deleted crawl."""
+        if not (self.keys.cluster and self.keys.shards > 1):
+            return self.crawl.purge_if_done(epoch, alive_ms)
+        step = self.crawl.purge_if_done_step(epoch, alive_ms, keep_record=True)
+        return step == SHARDS_LEFT and self.finish_purge(epoch, alive_ms)
+
+    def finish_purge(self, epoch: str, alive_ms: int = 30_000) -> bool:
+        """Delete the shards of a crawl marked ``purging_ms``, then its record: by its
+        last worker, or by a worker registering after that one died or froze midway.
+        Each shard goes only while its record copy holds ``epoch`` (purge_shard.lua),
+        so a late call never deletes the work of a crawl started afresh. A shard
+        that holds work (a request pushed meanwhile) is kept, and so is the crawl:
+        its mark cleared, its work there for the next run (the shards checked first,
+        so that this leaves the crawl whole but in a race with a push)."""
+        checks = [shard.purge_shard(epoch, check=True) for shard in self.shards]
+        if 0 not in checks:
+            checks = [shard.purge_shard(epoch) for shard in self.shards]
+        if 0 in checks:
+            self.client.hdel(self.keys.record, "purging_ms")
+            logger.warning(
+                "redisspine: crawl %r not deleted (persistence off): a shard holds "
+                "requests pushed while it was finishing; they stay for the next run",
+                self.keys.crawl_id)
+            return False
+        return self.crawl.purge_if_done_step(epoch, alive_ms) == PURGED
 
     def repair_unindexed(self, cursor: str = "0", limit: int = 100, *, timeout_ms: int,
                          max_requeues: int, rest_ms: int = 0,

@@ -54,11 +54,12 @@ def _number(value: bytes | str | float | None) -> int | float:
 
 def crawl_exists(client: redis.Redis, keys: CrawlKeys) -> bool:
     """The crawl is registered or still has any of its main keys (or its items, which
-    outlive a crawl that finished with ``REDISSPINE_PERSIST = False``)."""
+    outlive a crawl that finished with ``REDISSPINE_PERSIST = False``: of a sharded
+    one, its record keeps the number of shards that says where they are)."""
     if client.sismember(keys.crawls, keys.crawl_id):
         return True
     return bool(client.exists(keys.queue, keys.inflight, keys.stats, keys.workers, keys.dead,
-                              keys.items))
+                              keys.items)) or bool(client.hexists(keys.record, "shards"))
 
 
 def list_crawls(client: redis.Redis, registry: str, limit: int = 1000) -> list[str]:

@@ -57,6 +57,7 @@ SCRIPT_NAMES = (
     "register",
     "heartbeat",
     "purge_if_done",
+    "purge_shard",
     "requeue_stale",
     "reinject_dead",
     "drop_dead",

@@ -11,7 +11,8 @@ a crawl whose state vanished (Redis restarted empty, flushed, purged) is noticed
 and never taken for a finished one.
 
 KEYS[1]  workers   ZSET   worker id -> last heartbeat (ms, Redis TIME)
-KEYS[2]  record    HASH   epoch, spider, created_ms, finished_ms, purged_ms
+KEYS[2]  record    HASH   epoch, spider, created_ms, finished_ms, purged_ms,
+                          purging_ms (purge_if_done.lua)
 KEYS[3]  queue     ZSET   queued requests
 KEYS[4]  inflight  HASH   leased requests
 KEYS[5]  stats     HASH   fleet-wide counters (acked: requests done)
@@ -39,8 +40,10 @@ flushed; alive is the number of other workers alive; status is "created" (a new
 crawl, or one without a record), "joined", "finished" (the record says the crawl
 finished and nothing is queued or in flight; detail: "finished_ms acked") or
 "conflict" (detail: the crawl's spider; nothing was written) or "shards" (detail:
-the crawl's number of shards, which is not ARGV[6]; nothing was written); epoch is
-the crawl's.
+the crawl's number of shards, which is not ARGV[6]; nothing was written) or
+"purging" (a sharded crawl's last worker was deleting it, persistence off: the
+caller finishes that, then registers again; nothing was written); epoch is the
+crawl's.
 ]]
 -- #include clock
 -- #include group
@@ -58,7 +61,8 @@ if own and tonumber(own) >= now_ms - alive_ms then
 end
 local flushed = 0
 local function read_record()
-    return redis.call("HMGET", record, "epoch", "spider", "finished_ms", "shards")
+    return redis.call("HMGET", record, "epoch", "spider", "finished_ms", "shards",
+                      "purging_ms")
 end
 local known = read_record()
 if known[2] and known[2] ~= spider and not (flush == "1" and alive == 0) then
@@ -66,6 +70,9 @@ if known[2] and known[2] ~= spider and not (flush == "1" and alive == 0) then
 end
 if known[1] and (known[4] or "1") ~= shards and not (flush == "1" and alive == 0) then
     return { 0, alive, "shards", known[1], known[4] or "1" }
+end
+if known[1] and known[5] and not (flush == "1" and alive == 0) then
+    return { 0, alive, "purging", known[1], "" }
 end
 -- A non-denyoom write first: Redis checks maxmemory only before a script's first
 -- write, and a worker must be able to register (a few bytes) on a full Redis.

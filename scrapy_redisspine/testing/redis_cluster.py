@@ -185,6 +185,40 @@ class ClusterServers(Service):
         _wait_for("the cluster did not reach cluster_state:ok", self._ok, timeout)
         return new
 
+    def move_slot(self, slot: int, to: RedisServer, pause: float = 0.0,
+                  hold: Callable[[], None] | None = None,
+                  timeout: float = _READY_TIMEOUT_SECONDS) -> int:
+        """Reshard ``slot`` to the master ``to`` as ``redis-cli --cluster reshard``
+        does: IMPORTING on ``to``, MIGRATING on its master, MIGRATE key by key (with
+        ``pause`` seconds after each, to hold the slot in that state while clients
+        get ASK and TRYAGAIN; ``hold`` is called once the first key moved, and the
+        move goes on when it returns), then the slot's new owner told to every
+        master. Returns how many keys moved."""
+        source = self.master_of_slot(slot)
+        if source is to:
+            raise RedisServerError(f"slot {slot} is already served by port {to.port}")
+        source_id, to_id = self.node_id(source), self.node_id(to)
+        with to.client() as client:
+            client.execute_command("CLUSTER SETSLOT", slot, "IMPORTING", source_id)
+        moved = 0
+        with source.client() as client:
+            client.execute_command("CLUSTER SETSLOT", slot, "MIGRATING", to_id)
+            while keys := client.execute_command("CLUSTER GETKEYSINSLOT", slot, 1):
+                client.execute_command("MIGRATE", _HOST, to.port, "", 0, 5000,
+                                       "KEYS", *keys)
+                moved += len(keys)
+                if hold is not None and moved == len(keys):
+                    hold()
+                if pause:
+                    time.sleep(pause)
+        for node in (to, source, *(m for m in self.masters if m not in (to, source))):
+            if node.running and self.is_master(node):
+                with node.client() as client:
+                    client.execute_command("CLUSTER SETSLOT", slot, "NODE", to_id)
+        _wait_for(f"slot {slot} did not move", lambda: self.master_of_slot(slot) is to,
+                  timeout)
+        return moved
+
     @staticmethod
     def is_master(node: RedisServer) -> bool:
         """Whether ``node`` serves slots as a master now (a promoted replica does)."""

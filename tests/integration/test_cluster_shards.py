@@ -167,3 +167,89 @@ def test_a_purge_leaves_a_tombstone_in_every_shard(client: redis.Redis, keys: Cr
     with pytest.raises(Exception, match="LOST purged"):
         frontier.enqueue([_request(lanes[1][0], "again")])
     assert frontier.upkeep.dead_letters() == []
+
+
+def _crawl_through(frontier: ShardedFrontier, name: str = "p") -> None:
+    """One request per shard, leased and acked: the crawl is done."""
+    frontier.done_starting()
+    lanes = _lanes()
+    frontier.enqueue([_request(lanes[shard][0], name) for shard in range(SHARDS)])
+    leases = frontier.lease(SHARDS).leases
+    assert frontier.ack([lease.handle for lease in leases]) == SHARDS
+
+
+def _left(client: redis.Redis, keys: CrawlKeys) -> list[str]:
+    """The crawl's keys that exist, crawl-wide and in every shard (not its items)."""
+    names = [*keys.all_crawl_keys(), *(key for view in keys.shard_views()
+                                       for key in view.shard_keys())]
+    items = {view.items for view in keys.shard_views()}
+    return sorted({key for key in names if key not in items and client.exists(key)})
+
+
+def test_persist_off_the_last_worker_deletes_every_shard_on_every_master(
+    client: redis.Redis, keys: CrawlKeys,
+) -> None:
+    first, last = _frontier(client, keys, "first"), _frontier(client, keys, "last")
+    last.done_starting()
+    _crawl_through(first)
+    assert not first.upkeep.purge_if_done(first.epoch, ALIVE_MS)
+    assert client.hget(keys.record, "finished_ms") is not None
+    assert last.upkeep.purge_if_done(last.epoch, ALIVE_MS)
+    assert _left(client, keys) == [keys.record]
+    assert client.hgetall(keys.record) == {b"shards": str(SHARDS).encode()}
+    assert not client.sismember(keys.crawls, keys.crawl_id)
+
+
+def test_a_purge_left_midway_is_finished_by_the_next_worker(
+    client: redis.Redis, keys: CrawlKeys,
+) -> None:
+    """The last worker dies after the crawl's own step: the record says "purging",
+    the shards still hold the dedup of the done crawl. The next worker deletes them
+    before it starts the crawl afresh, so every URL is new again."""
+    dying = _frontier(client, keys, "dying")
+    _crawl_through(dying)
+    assert dying.upkeep.crawl.purge_if_done_step(dying.epoch, ALIVE_MS, keep_record=True) == 3
+    assert client.hget(keys.record, "purging_ms") is not None
+    fresh = ShardedFrontier(client, keys, "fresh", concurrency=1)
+    assert fresh.register(flush=False, alive_ms=ALIVE_MS, spider="s").status == "created"
+    assert fresh.epoch != dying.epoch
+    assert client.hget(keys.record, "purging_ms") is None
+    lanes = _lanes()
+    again = fresh.enqueue([_request(lanes[shard][0], "p") for shard in range(SHARDS)])
+    assert again.statuses == "+" * SHARDS, "the old crawl's dedup went with it"
+
+
+def test_a_late_purge_never_deletes_the_work_of_a_crawl_started_afresh(
+    client: redis.Redis, keys: CrawlKeys,
+) -> None:
+    """The last worker froze after the crawl's own step; another worker finished the
+    purge and started afresh; the frozen one wakes and goes on with its shards."""
+    frozen = _frontier(client, keys, "frozen")
+    _crawl_through(frozen)
+    assert frozen.upkeep.crawl.purge_if_done_step(frozen.epoch, ALIVE_MS,
+                                                  keep_record=True) == 3
+    fresh = ShardedFrontier(client, keys, "fresh", concurrency=1)
+    assert fresh.register(flush=False, alive_ms=ALIVE_MS, spider="s").status == "created"
+    lanes = _lanes()
+    fresh.enqueue([_request(lanes[shard][0], "new") for shard in range(SHARDS)])
+    assert not frozen.upkeep.finish_purge(frozen.epoch, ALIVE_MS)
+    assert _queued(client, keys) == [1] * SHARDS
+    assert client.hget(keys.record, "epoch") == fresh.epoch.encode()
+
+
+def test_a_request_pushed_while_the_crawl_is_deleted_keeps_it(
+    client: redis.Redis, keys: CrawlKeys,
+) -> None:
+    last = _frontier(client, keys, "last")
+    _crawl_through(last)
+    assert last.upkeep.crawl.purge_if_done_step(last.epoch, ALIVE_MS, keep_record=True) == 3
+    tool = ShardedFrontier(client, keys, "tool")  # epoch "": a tool outside the fleet
+    lane = _lanes()[2][0]
+    assert tool.enqueue([_request(lane, "pushed")]).statuses == "+"
+    assert not last.upkeep.finish_purge(last.epoch, ALIVE_MS)
+    assert client.hget(keys.record, "purging_ms") is None
+    assert _queued(client, keys)[2] == 1
+    joining = ShardedFrontier(client, keys, "joining", concurrency=1)
+    assert joining.register(flush=False, alive_ms=ALIVE_MS, spider="s").status == "joined"
+    assert [lease.payload for lease in joining.lease(1).leases] == [
+        f"https://{lane}/pushed".encode()]

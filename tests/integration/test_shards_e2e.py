@@ -6,12 +6,15 @@ Every outcome is read from the test site's own log (what it served, how often).
 
 from __future__ import annotations
 
+import contextlib
+import json
 import time
 from typing import TYPE_CHECKING, Any
 
 import pytest
 from redis.crc import key_slot
 
+from scrapy_redisspine import cli, control
 from scrapy_redisspine.connection import client_from_url
 from scrapy_redisspine.keys import CrawlKeys
 from scrapy_redisspine.testing.redis_cluster import ClusterServers
@@ -193,3 +196,54 @@ def test_closespider_pagecount_holds_fleet_wide_over_shards(
     per_worker = [int(r.stats.get("response_received_count", 0)) for r in results]
     assert sum(1 for pages in per_worker if pages) >= 2, (
         f"pages per worker {per_worker}: the budget was not shared by the fleet")
+
+
+def _keys_of(client: redis.Redis, crawl: str) -> list[bytes]:
+    """Every key of the crawl on the server or on every master. The registries and
+    the politeness group's keys are not the crawl's: they outlive it (on a cluster
+    the group's keys carry the crawl's or its shard's tag, ``P:{C/i}:g:<name>``)."""
+    return sorted(key for key in client.keys("*")
+                  if f"{{{crawl}".encode() in key and b"}:g:" not in key)
+
+
+@pytest.mark.usefixtures("outside_any_project")
+@pytest.mark.parametrize("where", ["one-redis", "cluster"])
+def test_persist_off_deletes_a_sharded_crawl_when_it_finishes(
+    site_factory: SiteFactory, project_dir: Path, worker_log_dir: Path, redis_url: str,
+    tmp_path: Path, *, where: str,
+) -> None:
+    """Three workers crawl with REDISSPINE_PERSIST = False and fleet items: every page
+    once; after, nothing of the crawl is left but its items streams (and the note of
+    its number of shards that finds them), which `redisspine export` reads whole; a
+    second run crawls the site again (its dedup went with it)."""
+    site = site_factory(hosts=6, pages_per_host=5)
+    crawl, shards = "sharded-transient", 6 if where == "cluster" else 3
+    with contextlib.ExitStack() as stack:
+        url = (stack.enter_context(ClusterServers(masters=3)).url if where == "cluster"
+               else redis_url)
+        fleet = Fleet(project_dir, {"REDISSPINE_REDIS_URL": url, "REDISSPINE_CRAWL_ID": crawl},
+                      worker_log_dir)
+        client = client_from_url(url)
+        stack.callback(client.close)
+        keys = _sharded(fleet.keys, shards, cluster=where == "cluster")
+        settings = fleet.crawling(site, REDISSPINE_SHARDS=shards, REDISSPINE_PERSIST=False,
+                                  REDISSPINE_ITEMS=True, DOWNLOAD_DELAY=0.02)
+        # Paused until all three have joined: a worker that joins after the last one
+        # deleted the finished crawl starts it afresh (what persistence off means)
+        client.hset(fleet.keys.control, control.PAUSED, 1)
+        workers = fleet.start(3, settings)
+        wait_for(lambda: client.zcard(fleet.keys.workers) == 3, 60, "three workers joined")
+        client.hdel(fleet.keys.control, control.PAUSED)
+        assert_finished(wait_workers(workers, timeout=150))
+        assert_exactly_once(site)
+        items = {view.items.encode() for view in keys.shard_views()}
+        assert [key for key in _keys_of(client, crawl) if key not in items] == [
+            keys.record.encode()]
+        assert client.hgetall(keys.record) == {b"shards": str(shards).encode()}
+        assert not client.sismember(fleet.keys.crawls, crawl)
+        out = tmp_path / "items.jsonl"
+        assert cli.main(["--redis-url", url, "export", crawl, "-o", str(out)]) == 0
+        exported = [json.loads(line)["url"] for line in out.read_text().splitlines()]
+        assert sorted(exported) == sorted(site.all_urls()), "every page's item, once"
+        assert_finished(fleet.run(1, settings, timeout=150, log="again"))
+    assert set(site.fetch_counts().values()) == {2}, "the second run fetched every page again"

@@ -333,3 +333,54 @@ def test_a_lease_fills_from_the_shards_that_have_work(
         assert {split_key(lease.key)[0] for lease in batch.leases} == {1}
         assert (batch.queued, batch.inflight) == (0, 6)
         assert frontier.release([lease.handle for lease in batch.leases]) == 6
+
+
+def _crawl_through(frontier: ShardedFrontier, lanes: dict[int, list[str]]) -> None:
+    """One request per shard, leased and acked: the crawl is done."""
+    frontier.done_starting()
+    frontier.enqueue([_request(lanes[shard][0], "p") for shard in range(SHARDS)])
+    leases = frontier.lease(SHARDS).leases
+    assert frontier.ack([lease.handle for lease in leases]) == SHARDS
+
+
+def test_persist_off_the_last_worker_deletes_every_shard(
+    client: redis.Redis, keys: CrawlKeys,
+) -> None:
+    """The first to close marks the crawl finished; the last deletes all of it, every
+    shard in the same step, and leaves the registries."""
+    first, last = _frontier(client, keys, "first"), _frontier(client, keys, "last")
+    last.done_starting()
+    _crawl_through(first, _lanes())
+    assert not first.upkeep.purge_if_done(first.epoch, ALIVE_MS)
+    assert client.hget(keys.record, "finished_ms") is not None
+    assert last.upkeep.purge_if_done(last.epoch, ALIVE_MS)
+    assert [key for key in keys.all_crawl_keys() if client.exists(key)] == [keys.record]
+    assert client.hgetall(keys.record) == {b"shards": str(SHARDS).encode()}, (
+        "only the note of where its items streams are")
+    assert not client.sismember(keys.crawls, keys.crawl_id)
+
+
+def test_persist_off_keeps_a_crawl_whose_shard_still_holds_work(
+    client: redis.Redis, keys: CrawlKeys,
+) -> None:
+    frontier = _frontier(client, keys)
+    lanes = _lanes()
+    _crawl_through(frontier, lanes)
+    frontier.enqueue([_request(lanes[3][0], "late")])
+    assert not frontier.upkeep.purge_if_done(frontier.epoch, ALIVE_MS)
+    assert _queued(client, keys) == [0, 0, 0, 1]
+    assert client.hget(keys.record, "epoch") == frontier.epoch.encode()
+
+
+def test_the_queue_counted_is_every_shards_as_last_seen(
+    client: redis.Redis, keys: CrawlKeys,
+) -> None:
+    """A lease asks only the shards it needs; the queue it reports (and the heartbeat,
+    whose own count reads the crawl-wide queue a sharded crawl leaves empty) is every
+    shard's as last seen: the worker's len(scheduler)."""
+    frontier = _frontier(client, keys)
+    lanes = _lanes(per_shard=2)
+    frontier.enqueue([_request(lane, "p") for shard in range(SHARDS) for lane in lanes[shard]])
+    assert frontier.lease(SHARDS).queued == SHARDS  # one from each shard, one left in each
+    assert frontier.lease(1).queued == SHARDS - 1
+    assert frontier.heartbeat().queued == SHARDS - 1

@@ -1,7 +1,7 @@
 """REDISSPINE_SHARDS in a Scrapy worker: the scheduler joins through a ShardedFrontier,
 and everything a worker does (leases and acks, the count that finishes the crawl,
 the Recovery sweep, the dedup record's upkeep, the feed drain, the fleet's counters)
-spans the shards; what cannot work sharded yet is refused at open in one line.
+spans the shards; a setting a sharded crawl cannot take is refused at open in one line.
 
 Each scheduler test runs on fakeredis and on the real redis-server.
 """
@@ -12,6 +12,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from redis import exceptions as redis_errors
 from scrapy import Request
 
 from scrapy_redisspine.extension import Recovery
@@ -127,24 +128,62 @@ def test_an_unsharded_worker_on_a_sharded_crawl_is_refused(
                   f"REDISSPINE_SHARDS = {SHARDS}", "REDISSPINE_SHARDS = 1")
 
 
-@pytest.mark.parametrize(
-    ("settings", "said"),
-    [
-        pytest.param({"REDISSPINE_CRAWL_ID": "a/b"}, ("'a/b'", "'/'"), id="slash"),
-        pytest.param({**FAST, "REDISSPINE_PERSIST": False},
-                     ("REDISSPINE_PERSIST = False", "REDISSPINE_SHARDS = 3"), id="persist"),
-        pytest.param({**FAST, "REDISSPINE_ITEMS": True},
-                     ("REDISSPINE_ITEMS", "REDISSPINE_SHARDS = 3"), id="items"),
-    ],
-)
-def test_what_a_sharded_crawl_cannot_do_yet_is_refused_at_open(
+def test_a_crawl_id_with_a_slash_is_refused_at_open(
     make_scheduler: MakeScheduler, caplog: pytest.LogCaptureFixture, client: redis.Redis,
-    settings: dict[str, Any], said: tuple[str, ...],
 ) -> None:
     with caplog.at_level(logging.INFO, logger="scrapy_redisspine"):
-        worker = make_scheduler("w1", **settings)
-    _refused_with(worker, caplog, "redisspine_config_error", *said)
+        worker = make_scheduler("w1", REDISSPINE_CRAWL_ID="a/b")
+    _refused_with(worker, caplog, "redisspine_config_error", "'a/b'", "'/'")
     assert not client.keys("*"), "nothing written"
+
+
+def test_fleet_items_work_sharded_with_the_caps_shared(make_scheduler: MakeScheduler) -> None:
+    worker = make_scheduler("w1", **FAST, REDISSPINE_ITEMS=True,
+                            REDISSPINE_ITEMS_MAX_COUNT=10, REDISSPINE_ITEMS_MAX_BYTES=1000)
+    assert worker.refusal.reason is None
+    assert isinstance(worker.frontier, ShardedFrontier)
+    # the caps are the crawl's: each of the 3 shards' streams holds ceil(cap / 3)
+    assert [(shard.items_cap, shard.items_max_bytes) for shard in worker.frontier.shards] == [
+        (4, 334)] * SHARDS
+
+
+def test_a_sharded_workers_items_go_with_their_acks_and_loose_ones_once(
+    make_scheduler: MakeScheduler, client: redis.Redis, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    worker = make_scheduler("w1", free_slots=4, **FAST, REDISSPINE_ITEMS=True)
+    assert isinstance(worker.frontier, ShardedFrontier)
+    assert worker.view.items is not None
+    lanes = _one_lane_per_shard()
+    worker.enqueue_request(Request(f"https://{lanes[1]}/page"))
+    worker.outbox.try_flush()
+    request = next_request(worker)
+    assert request is not None
+    worker.view.items.add({"n": 1}, request, request.url)
+    finish(worker, request)
+    worker.outbox.flush()
+    streams = [int(client.xlen(view.items)) for view in KEYS.shard_views()]
+    assert streams == [0, 1, 0], "the page's item in its lane's shard, with its ack"
+    # A loose item (of no ack) sent with requests for every shard, one shard's call
+    # failing: the outbox keeps it all and sends it again; the item lands once.
+    for lane in lanes:
+        worker.enqueue_request(Request(f"https://{lane}/more"))
+    worker.view.items.add({"from": "start"}, None, "")
+    real = worker.frontier.crawl.pipelined
+    down = worker.frontier.shards[2].keys.queue
+
+    def pipelined(calls: Any) -> list[Any]:
+        ran = iter(real([call for call in calls if down not in call[1]]))
+        return [redis_errors.ConnectionError("shard down") if down in call[1] else next(ran)
+                for call in calls]
+
+    with monkeypatch.context() as patch:
+        patch.setattr(worker.frontier.crawl, "pipelined", pipelined)
+        with pytest.raises(redis_errors.ConnectionError):
+            worker.outbox.flush()
+    worker.outbox.flush()
+    assert sum(int(client.xlen(view.items)) for view in KEYS.shard_views()) == 2
+    assert _queued(client) == [1, 1, 1]
+    assert worker.stats.get_value("redisspine/items/stored") == 2
 
 
 def test_a_per_process_page_count_works_sharded(make_scheduler: MakeScheduler) -> None:
@@ -427,3 +466,16 @@ def test_a_crawl_id_no_crawl_may_have_is_left_out_of_the_group_sweep(
     sweeper.register(flush=False, alive_ms=2000, spider="sched")
     client.sadd(sweeper.keys.group_crawls, "old/id", "fine")
     assert sweeper.upkeep.group_crawls(10) == ["fine"]
+
+
+def test_a_malformed_member_of_a_shard_is_reported_with_the_shards_keys(
+    make_scheduler: MakeScheduler, client: redis.Redis, caplog: pytest.LogCaptureFixture,
+) -> None:
+    worker = make_scheduler("w1", **FAST)
+    client.zadd(KEYS.shard_view(1).queue, {b"000000000000000\xffnot a request": 0})
+    with caplog.at_level(logging.ERROR, logger="scrapy_redisspine"):
+        assert next_request(worker) is None
+    (line,) = _errors(caplog)
+    assert "1 malformed member(s) of redisspine:{test/*}:queue" in line, line
+    assert "dead letters in redisspine:{test/*}:dead" in line, line
+    assert client.hlen(KEYS.shard_view(1).dead) == 1

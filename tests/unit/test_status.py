@@ -161,6 +161,20 @@ def test_sections_with_nothing_to_show_print_no_empty_table(
     assert "lane" not in text
 
 
+def test_shed_requests_and_the_feed_are_shown_only_when_there_are_any(
+    client: redis.Redis, crawl_keys: CrawlKeys
+) -> None:
+    client.sadd(crawl_keys.crawls, crawl_keys.crawl_id)
+    quiet = render_status(read_status(client, crawl_keys))
+    assert "shed" not in quiet
+    assert "feed:" not in quiet
+    client.hset(crawl_keys.stats, mapping={"shed": 3, "fed": 12, "feed_dead_lettered": 2})
+    text = render_status(read_status(client, crawl_keys))
+    assert "shed 3 request(s) for lack of Redis memory: the crawl will not close as " \
+        "finished" in text
+    assert "feed: 12 entry(ies) enqueued, 2 dead-lettered" in text
+
+
 def test_redis_memory_and_the_budget_the_workers_hold_it_to(
     real_redis: redis.Redis, crawl_keys: CrawlKeys
 ) -> None:
