@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING
 import pytest
 from scrapy import Request
 
-from scrapy_redisspine import _fleet
+from scrapy_redisspine import _fleet, _leasing
 from scrapy_redisspine.connection import client_from_url, sentinel_primary
-from tests.unit.conftest import finish, next_request, pending
+from tests.unit.conftest import clock_of, finish, next_request, pending
 
 if TYPE_CHECKING:
     from scrapy_redisspine.scheduler import Scheduler
@@ -115,3 +115,22 @@ def test_only_a_sentinel_client_has_a_primary_to_ask_for(redis_url_for: str) -> 
         assert sentinel_primary(client) is None
     finally:
         client.close()
+
+
+def test_a_lease_reconciles_once_a_minute_with_no_failure_seen(
+    make_scheduler: MakeScheduler,
+) -> None:
+    """A failover that raised nothing here and said nothing (no Sentinel to ask: a
+    cluster's redirections) may still have lost an ack: the lease Redis holds for
+    this worker goes back within RECONCILE_SECONDS, and the lane is not stuck."""
+    scheduler = make_scheduler(REDISSPINE_HOST_CONCURRENCY=1)
+    _one_request_queued(scheduler)
+    assert len(scheduler.frontier.lease(1).leases) == 1  # its ack lost in the failover
+    assert next_request(scheduler) is None, "the lane's slot is held"
+    assert not scheduler.guard.reconcile_needed
+    clock_of(scheduler).advance(_leasing.RECONCILE_SECONDS)
+    request = next_request(scheduler)
+    assert request is not None, "the lease it did not hold went back, and came to it again"
+    assert request.url == "http://example.com/a"
+    finish(scheduler, request)
+    assert not pending(scheduler)
