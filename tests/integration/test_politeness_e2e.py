@@ -144,7 +144,7 @@ def test_registered_domain_mode_gives_subdomains_one_budget(
 def test_retry_after_blocks_the_host_for_the_whole_fleet(
     fleet: Fleet, site_factory: SiteFactory
 ) -> None:
-    site = site_factory(hosts=2, pages_per_host=10, fanout=3, latency=0.02,
+    site = site_factory(hosts=2, pages_per_host=20, fanout=3, latency=0.02,
                         busy_paths={"127.0.0.10/p/2": 2.0})
     results = fleet.run(3, fleet.crawling(site, CONCURRENT_REQUESTS=4))
     assert_finished(results)
@@ -154,9 +154,12 @@ def test_retry_after_blocks_the_host_for_the_whole_fleet(
              if r["host"] == "127.0.0.10" and r["start"] > busy["end"]]
     # No worker touched the host again before Retry-After ran out...
     assert min(after) - busy["end"] >= 2.0 - CLOCK_SLACK, min(after) - busy["end"]
-    # ...while the other host went on being crawled meanwhile.
-    assert any(busy["end"] < r["start"] < busy["end"] + 2.0
-               for r in site.requests() if r["host"] == "127.0.0.11")
+    # ...while the other host went on being crawled meanwhile: its first fetch after
+    # the 429 came within the block, unless it had no page left by then (on a loaded
+    # machine its 20 pages may all be fetched before the 429 page is).
+    other = sorted(r["start"] for r in site.requests()
+                   if r["host"] == "127.0.0.11" and r["start"] > busy["end"])
+    assert not other or other[0] < busy["end"] + 2.0, other[0] - busy["end"]
     assert sum(r.stats.get("redisspine/politeness/retry_after", 0) for r in results) == 1
 
 
