@@ -8,6 +8,13 @@ worker for dead (fencing), so it hands back what it still holds.
 The fleet's counts (queued, in flight, fleet-wide) arrive with every lease reply
 and, when the worker is idle, from a count of their own: they decide whether the
 crawl is finished.
+
+On ``redis+sentinel://`` each heartbeat and each count also asks the sentinels which
+server is the primary (:func:`~scrapy_redisspine.connection.sentinel_primary`):
+after a failover the old primary takes writes until Sentinel demotes it, seconds
+later, and those are lost; a count read there may say "done" of a crawl the new
+primary still has work for. A new primary moves every connection to it, has the
+worker reconcile its leases, and no count taken across the change finishes the crawl.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from typing import TYPE_CHECKING
 from scrapy_redisspine._clock import Periodic
 from scrapy_redisspine._guard import CALL_ERRORS
 from scrapy_redisspine._redis_io import InlineIO, reported
+from scrapy_redisspine.connection import sentinel_primary
 from scrapy_redisspine.control import Orders, read_orders
 from scrapy_redisspine.frontier import Heartbeat
 
@@ -95,6 +103,8 @@ class FleetMember:
         self.inflight = 0
         self.shed = 0  # requests dropped fleet-wide for lack of Redis memory
         self.checked_at = float("-inf")  # clock time of the last count
+        self._primary: tuple[str, int] | None = None  # Sentinel's primary, last seen
+        self._sentinel_failing = False  # a heartbeat's question to the sentinels failed
         self._heartbeat = Periodic("heartbeat", self.heartbeat, heartbeat_seconds, clock, stats)
 
     def start(self) -> None:
@@ -128,9 +138,12 @@ class FleetMember:
         this worker joined."""
         if self.gone or not self._flush() or not self._guard.available("count"):
             return
+        client = self._frontier.client
         try:
             self._note_start_done()
+            before = sentinel_primary(client)  # and the count goes there
             counts = self._frontier.fleet_counts(self._timeout_ms, self._idle_close_ms)
+            after = sentinel_primary(client)
         except CALL_ERRORS as exc:
             self._guard.failed("count", exc)
             return
@@ -138,8 +151,11 @@ class FleetMember:
         if counts.status != "ok":
             self._gone(Heartbeat(counts.status))
             return
+        # (both, in this order: each may be the news of a change)
+        moved = self._primary_seen(before)
+        moved = self._primary_seen(after) or moved
         self.queued, self.inflight = counts.queued, counts.inflight
-        self.pending = counts.pending if self._wait_for_first else counts.has_work
+        self.pending = moved or (counts.pending if self._wait_for_first else counts.has_work)
         self.shed = counts.shed
         self.checked_at = self._clock.seconds()
         if counts.close_reason:
@@ -174,6 +190,37 @@ class FleetMember:
         self.gone = True
         self._crawl_gone(beat)
 
+    def _primary_seen(self, primary: tuple[str, int] | None) -> bool:
+        """The sentinels named ``primary`` (None: no Sentinel). True when it is not
+        the one they named before: the guard has the leases reconciled, the crawl
+        is not done on this word, and a lease comes soon (it reconciles first)."""
+        if primary is None:
+            return False
+        old, self._primary = self._primary, primary
+        if old is None or old == primary:
+            return False
+        self._guard.primary_changed(old, primary)
+        self.pending = True
+        self._wake()
+        return True
+
+    def _asked_sentinels(self, primary: tuple[str, int] | Exception | None) -> None:
+        """A heartbeat's answer from the sentinels: a failure is logged once until they
+        answer again, and counted; it stops nothing (the primary may be fine, and a
+        count asks them again before the crawl may finish)."""
+        if not isinstance(primary, Exception):
+            if self._sentinel_failing:
+                logger.info("redisspine: the sentinels answer again")
+            self._sentinel_failing = False
+            self._primary_seen(primary)
+            return
+        self._stats.inc_value("redisspine/redis_errors/sentinel")
+        if not self._sentinel_failing:
+            self._sentinel_failing = True
+            logger.warning("redisspine: no sentinel named the primary (%s: %s); asking "
+                           "again at each heartbeat (see redisspine/redis_errors/sentinel)",
+                           type(primary).__name__, primary)
+
     # -- heartbeat, orders, fencing -------------------------------------------------------
 
     def heartbeat(self) -> None:
@@ -185,22 +232,28 @@ class FleetMember:
         starting = self._starting()
         frontier = self._frontier
 
-        def call() -> tuple[Heartbeat, Orders | Exception]:
+        def call() -> tuple[tuple[str, int] | Exception | None, Heartbeat, Orders | Exception]:
+            try:  # first: after a failover, the beat goes to the new primary
+                primary: tuple[str, int] | Exception | None = sentinel_primary(frontier.client)
+            except CALL_ERRORS as exc:
+                primary = exc
             beat = frontier.heartbeat(starting)
             try:
                 orders: Orders | Exception = read_orders(frontier.client, frontier.keys)
             except CALL_ERRORS as exc:
                 orders = exc
-            return beat, orders
+            return primary, beat, orders
 
         self._beating = True
         self._io.submit("heartbeat", call, lambda reply: self._beaten(starting, *reply),
                         reported(self._guard, "heartbeat",
                                  lambda: setattr(self, "_beating", False)))
 
-    def _beaten(self, starting: bool, beat: Heartbeat, orders: Orders | Exception) -> None:
+    def _beaten(self, starting: bool, primary: tuple[str, int] | Exception | None,
+                beat: Heartbeat, orders: Orders | Exception) -> None:
         self._beating = False
         self._guard.succeeded("heartbeat")
+        self._asked_sentinels(primary)
         if beat.crawl_gone:
             self._gone(beat)
             return

@@ -14,7 +14,8 @@ it calls, so one rule decides for all of them:
 - after any failure Redis and the worker may disagree on the worker's leases (a
   lease reply lost in flight, a script that failed after it wrote, a restart that
   lost the last acks), so the next lease first reconciles them
-  (``reconcile_needed``).
+  (``reconcile_needed``); so it does after a Sentinel failover, which may raise
+  nothing at all (``primary_changed``).
 
 Scrapy-free: the scheduler, the extension and tools share it through the worker's
 view (see ``scheduler.WorkerView``).
@@ -197,6 +198,20 @@ class RedisGuard:
 
     def reconciled(self) -> None:
         self.reconcile_needed = False
+
+    def primary_changed(self, old: tuple[str, int], new: tuple[str, int]) -> None:
+        """Sentinel names another primary. The writes the old one took since the new
+        one was promoted are lost, and a worker may have moved over without any error
+        (a pooled connection reconnecting finds the new primary): Redis may hold
+        leases for it that it acked on the old one. Reconcile before the next lease,
+        as after an outage."""
+        self.reconcile_needed = True
+        self._stats.inc_value("redisspine/redis/primary_changes")
+        logger.warning(
+            "redisspine: Sentinel names a new primary, %s:%d (was %s:%d): moving to it and "
+            "reconciling this worker's leases with it (see redisspine/redis/primary_changes)",
+            *new, *old,
+        )
 
     # -- the memory watch ------------------------------------------------------------
 

@@ -6,6 +6,11 @@ free their lanes before the lease looks for due lanes). A payload that cannot be
 rebuilt goes to the dead letters; a lease reply lost in an outage is reconciled
 before the next lease.
 
+Besides after a failure, a lease reconciles at least every :data:`RECONCILE_SECONDS`:
+a failover that raised nothing in this worker (a Redis Cluster's redirections, a
+Sentinel's new primary between two heartbeats) may have lost acks it sent, leaving
+leases in Redis that hold their lanes' slots for a worker that is done with them.
+
 An empty lease backs off until the idle poll; a lane due sooner than that wakes the
 engine exactly when it is due.
 
@@ -57,6 +62,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("scrapy_redisspine.scheduler")
 
+#: How often a lease also returns this worker's leases that it does not hold, with
+#: no failure seen (the module docstring): one release_orphans call per shard.
+RECONCILE_SECONDS = 60.0
+
 
 class Leaser:
     """Owns the lease back-off (when the last lease came back empty) and the
@@ -103,6 +112,7 @@ class Leaser:
         self._batch_size = batch_size
         self._idle_poll_seconds = idle_poll_seconds
         self._last_empty_lease = float("-inf")
+        self._reconciled_at = clock.seconds()
         self._wake_call: DelayedCall | None = None
         self._wake_due = float("inf")  # when the wake-up timer fires (this clock)
         self._io: RedisIO = io or InlineIO(stats)
@@ -209,8 +219,12 @@ class Leaser:
         while the send backs off after an error, or one is on its way, the lease
         goes alone), reconciling first if a reply was lost."""
         frontier = self._frontier
+        if now - self._reconciled_at >= RECONCILE_SECONDS:
+            self._guard.reconcile_needed = True
+        # (not while lane slots for requests in memory are on their way: their leases
+        # are not known here yet, and would be taken for orphans; the next lease does it)
         known = (self._book.known_keys() + self._outbox.ack_keys()
-                 if self._guard.reconcile_needed else None)
+                 if self._guard.reconcile_needed and not self._local_in_flight else None)
         sending = self._outbox.begin_send() if self._sending() else None
 
         def call() -> tuple[Count | None, EnqueueResult | redis.RedisError | None, LeaseBatch]:
@@ -344,12 +358,13 @@ class Leaser:
         return self._outbox.sendable and self._guard.available("enqueue")
 
     def _reconciled(self, released: Count) -> None:
+        self._reconciled_at = self._clock.seconds()
         self._guard.reconciled()
         self._guard.repaired("release_orphans", released.repairs)
         if released:
             logger.warning(
                 "redisspine: returned %d lease(s) this worker did not hold (a lease reply "
-                "or an ack lost in the outage)", released,
+                "or an ack lost in an outage or a failover)", released,
             )
 
     def _report_malformed(self, malformed: int) -> None:

@@ -23,7 +23,7 @@ from redis.cluster import ClusterNode, RedisCluster
 from redis.crc import key_slot
 from redis.exceptions import RedisClusterException
 from redis.retry import Retry
-from redis.sentinel import Sentinel
+from redis.sentinel import Sentinel, SentinelConnectionPool
 
 from scrapy_redisspine import _redis_urls as redis_urls
 from scrapy_redisspine.server_binaries import (
@@ -47,6 +47,7 @@ __all__ = [  # find_redis_server and RedisServerNotFound live in server_binaries
     "is_cluster",
     "routed_to",
     "same_slot",
+    "sentinel_primary",
     "shutdown_embedded_if_unused",
 ]
 
@@ -105,6 +106,22 @@ def _sentinel_client(target: redis_urls.RedisTarget, options: dict[str, Any]) ->
     primary = sentinel.master_for(  # type: ignore[no-untyped-call]
         target.service, db=target.db, ssl=target.tls, **_credentials(target), **options)
     return cast("redis.Redis", primary)
+
+
+def sentinel_primary(client: object) -> tuple[str, int] | None:
+    """The address the sentinels name as the service's primary now, for a client of
+    ``redis+sentinel://`` (None for any other). Asking is also what moves the client:
+    redis-py asks the sentinels only when a connection (re)connects, so after a
+    failover a pooled connection keeps talking to the old primary, which takes writes
+    until Sentinel demotes it (seconds later), and those writes are lost. Once this
+    sees the new address, redis-py drops the pool's idle connections to the old one,
+    and each busy one as it comes back: every later call goes to the new primary.
+    Raises MasterNotFoundError (a ConnectionError) when no sentinel names one."""
+    pool = getattr(client, "connection_pool", None)
+    if not isinstance(pool, SentinelConnectionPool) or not pool.is_master:
+        return None
+    host, port = pool.get_master_address()  # type: ignore[no-untyped-call]
+    return str(host), int(port)
 
 
 def is_cluster(client: object) -> bool:

@@ -245,11 +245,21 @@ class ClusterServers(Service):
 
 class SentinelServers(Service):
     """A primary, one replica and one sentinel watching them (quorum 1) as service
-    :data:`SENTINEL_SERVICE`. ``url`` is the ``redis+sentinel://`` URL of the service."""
+    :data:`SENTINEL_SERVICE`. ``url`` is the ``redis+sentinel://`` URL of the service.
 
-    def __init__(self, appendonly: bool = False) -> None:
+    ``min_replicas_to_write`` (``min-replicas-to-write``, and Redis's default
+    ``min-replicas-max-lag``, 10 s: a shorter one refuses writes whenever a loaded
+    machine delays the replica's once-a-second ack) is set on the first primary: it
+    refuses writes (NOREPLICAS) as soon as its replica leaves it, i.e. when a
+    failover promotes the replica, instead of taking writes for the seconds until
+    Sentinel demotes it (writes the new primary never sees). The new primary takes
+    writes at once (no such setting)."""
+
+    def __init__(self, appendonly: bool = False, min_replicas_to_write: int = 0) -> None:
         self.appendonly = appendonly
-        self.primary = RedisServer(appendonly=appendonly)
+        guard = (["--min-replicas-to-write", str(min_replicas_to_write),
+                  "--min-replicas-max-lag", "10"] if min_replicas_to_write else [])
+        self.primary = RedisServer(appendonly=appendonly, extra_args=guard)
         self.replica: RedisServer | None = None
         self.sentinel: RedisServer | None = None
 
