@@ -45,17 +45,20 @@ def _settings(fleet: Fleet, site: TestSite, **extra: Any) -> dict[str, Any]:
     return fleet.crawling(site, **ITEMS, **extra)
 
 
-def _exported(fleet: Fleet, tmp_path: Path) -> Counter[str]:
-    """``redisspine export`` of the crawl: how often each page's item is in it."""
-    out = tmp_path / "items.jsonl"
-    settings = fleet.settings
-    code = cli.main(["--redis-url", settings["REDISSPINE_REDIS_URL"], "export",
-                     settings["REDISSPINE_CRAWL_ID"], "-o", str(out)])
-    assert code == 0
+def export_counts(url: str, crawl: str, out: Path, *options: str) -> Counter[str]:
+    """``redisspine export`` of a crawl to ``out``: how often each page's item is in it."""
+    assert cli.main(["--redis-url", url, "export", crawl, "-o", str(out), *options]) == 0
     return Counter(json.loads(line)["url"] for line in out.read_text().splitlines())
 
 
-def _assert_once_per_page(exported: Counter[str], site: TestSite) -> None:
+def _exported(fleet: Fleet, tmp_path: Path) -> Counter[str]:
+    settings = fleet.settings
+    return export_counts(settings["REDISSPINE_REDIS_URL"], settings["REDISSPINE_CRAWL_ID"],
+                         tmp_path / "items.jsonl")
+
+
+def assert_once_per_page(exported: Counter[str], site: TestSite) -> None:
+    """Every page of the site has its item in the export, and none twice."""
     twice = {url: n for url, n in exported.items() if n > 1}
     assert not twice, f"items exported more than once: {twice}"
     missing = site.all_urls() - set(exported)
@@ -84,7 +87,7 @@ def test_three_workers_one_killed_after_its_item_and_replaced_export_once_per_pa
     assert_finished(results)
     twice = assert_all_fetched(site)
     assert kill_page in twice, "the killed page was never fetched again"
-    _assert_once_per_page(_exported(fleet, tmp_path), site)
+    assert_once_per_page(_exported(fleet, tmp_path), site)
     # the fleet's own count agrees: no item went in and was taken out again
     assert int(real_redis.hget(fleet.keys.stats, "items") or 0) == len(site.all_urls())
 
@@ -106,7 +109,7 @@ def test_a_frozen_worker_that_comes_back_writes_no_item_twice(
         frozen.process.send_signal(signal.SIGCONT)
     results = wait_workers([frozen, *others], timeout=90)
     assert_finished(results)
-    _assert_once_per_page(_exported(fleet, tmp_path), site)
+    assert_once_per_page(_exported(fleet, tmp_path), site)
     # What makes this a test of the fence: the frozen worker came back with pages it
     # had finished meanwhile, whose acks (and items) were refused.
     fenced = results[0].stats.get("redisspine/items/fenced", 0)

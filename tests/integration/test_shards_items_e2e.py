@@ -9,10 +9,8 @@ are counted from the test site's own URL list.
 
 from __future__ import annotations
 
-import json
 import signal
 import threading
-from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -28,38 +26,16 @@ from tests.integration.crawlproc import (
     wait_for,
     wait_workers,
 )
+from tests.integration.test_items_e2e import ITEMS, assert_once_per_page, export_counts
 
 if TYPE_CHECKING:
     from pathlib import Path
 
     import redis
 
-    from scrapy_redisspine.testing.site import TestSite
     from tests.conftest import SiteFactory
 
 pytestmark = pytest.mark.e2e
-
-ITEMS = {
-    "REDISSPINE_ITEMS": True,
-    "REDISSPINE_HEARTBEAT_SECONDS": 0.3,
-    "REDISSPINE_WORKER_TIMEOUT_SECONDS": 1.5,
-    "REDISSPINE_SWEEP_SECONDS": 0.3,
-}
-
-
-def _export(url: str, crawl: str, out: Path, *options: str) -> Counter[str]:
-    """``redisspine export`` of the crawl: how often each page's item is in it."""
-    assert cli.main(["--redis-url", url, "export", crawl, "-o", str(out), *options]) == 0
-    return Counter(json.loads(line)["url"] for line in out.read_text().splitlines())
-
-
-def _assert_once_per_page(exported: Counter[str], site: TestSite) -> None:
-    twice = {url: n for url, n in exported.items() if n > 1}
-    assert not twice, f"items exported more than once: {twice}"
-    missing = site.all_urls() - set(exported)
-    assert not missing, f"{len(missing)} page(s) without an item, e.g. {sorted(missing)[:3]}"
-    assert set(exported) == site.all_urls()
-
 
 def _per_shard(client: redis.Redis, keys: CrawlKeys) -> tuple[list[int], list[int]]:
     """Each shard's stream length and its own count of items stored."""
@@ -89,7 +65,7 @@ def test_three_workers_on_three_shards_one_killed_with_items_export_once_per_pag
     twice = assert_all_fetched(site)
     assert kill_page in twice, "the killed page was never fetched again"
     crawl = str(fleet.settings["REDISSPINE_CRAWL_ID"])
-    _assert_once_per_page(_export(redis_url, crawl, tmp_path / "items.jsonl"), site)
+    assert_once_per_page(export_counts(redis_url, crawl, tmp_path / "items.jsonl"), site)
     keys = CrawlKeys(fleet.keys.prefix, fleet.keys.crawl_id, shards=3)
     client = client_from_url(redis_url)
     try:
@@ -130,7 +106,7 @@ def test_an_export_follows_a_crawl_on_six_shards_over_three_masters_through_a_ki
 
             def follow() -> None:
                 try:
-                    followed["items"] = _export(cluster.url, crawl, tmp_path / "f.jsonl",
+                    followed["items"] = export_counts(cluster.url, crawl, tmp_path / "f.jsonl",
                                                 "--follow")
                 except BaseException as exc:  # read by the test's thread
                     followed["error"] = exc
@@ -152,8 +128,8 @@ def test_an_export_follows_a_crawl_on_six_shards_over_three_masters_through_a_ki
         assert_finished(results)
         assert kill_page in assert_all_fetched(site), "the killed page was never refetched"
         assert "error" not in followed, followed.get("error")
-        _assert_once_per_page(followed["items"], site)
+        assert_once_per_page(followed["items"], site)
         # and a fresh export of the finished crawl gives the same
-        _assert_once_per_page(_export(cluster.url, crawl, tmp_path / "all.jsonl"), site)
+        assert_once_per_page(export_counts(cluster.url, crawl, tmp_path / "all.jsonl"), site)
     assert sum(in_streams) == sum(stored) == len(site.all_urls()), (in_streams, stored)
     assert sum(1 for n in in_streams if n) >= 2, f"every item in one shard: {in_streams}"

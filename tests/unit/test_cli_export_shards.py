@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from scrapy_redisspine import cli, cli_export
+from scrapy_redisspine import cli_export
 from scrapy_redisspine._items import ItemClasses
 from scrapy_redisspine.cli_export import SIDECAR_SUFFIX, entry_order, merge_batches
 from scrapy_redisspine.item_codec import ItemCodec
@@ -19,6 +19,7 @@ from scrapy_redisspine.keys import CrawlKeys
 from scrapy_redisspine.request_codec import RequestCodec
 from scrapy_redisspine.serialization import get_serializer
 from scrapy_redisspine.sharded import ShardedFrontier
+from tests.unit.test_cli_export import run
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -35,10 +36,6 @@ CODEC = ItemCodec(_REQUESTS.serializer, _REQUESTS.items, _REQUESTS)
 #: so that comparing them as text ("10-0" < "9-0") would misorder them.
 LAYOUT = [(1, "1-0"), (0, "2-0"), (0, "2-1"), (2, "3-0"), (1, "9-0"), (2, "10-0"),
           (0, "11-0"), (0, "12-0")]
-
-
-def run(url: str, *args: str) -> int:
-    return cli.main(["--redis-url", url, *args])
 
 
 @pytest.fixture
