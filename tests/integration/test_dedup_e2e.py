@@ -58,7 +58,12 @@ def test_workers_switch_to_bloom_mid_crawl_and_fetch_each_page_once(
         REDISSPINE_DEDUP_CHECK_SECONDS=0.05,
         REDISSPINE_DEDUP_MIGRATION_CHUNK_SIZE=5,
         REDISSPINE_BLOOM_BACKEND=bloom_backend,
-        REDISSPINE_BLOOM_CAPACITY=50,  # grows layers during the crawl too
+        # The bitmap filter grows layers during the crawl too. A RedisBloom filter this
+        # small misses its error rate by far (measured: 2-3e-4 of lookups false
+        # positives at capacity 50, asked 5e-7; near the rate asked from ~1,000 up),
+        # which over this crawl's ~600 lookups dropped a page about one run in ten: it
+        # gets a capacity at which "each page once" holds, and grows no layer.
+        REDISSPINE_BLOOM_CAPACITY=50 if bloom_backend == "bitmap" else 2000,
         REDISSPINE_BLOOM_ERROR_RATE=1e-6,
     )
     results = fleet.run(3, settings)
@@ -72,7 +77,6 @@ def test_workers_switch_to_bloom_mid_crawl_and_fetch_each_page_once(
         fields = inspect.execute_command("BF.INFO", fleet.keys.bloom)  # type: ignore[no-untyped-call]
         if isinstance(fields, list):  # redis-py without a reply parser for BF.INFO
             fields = dict(zip(fields[::2], fields[1::2], strict=True))
-        assert fields[b"Number of filters"] > 1  # grew past its capacity of 50 mid-crawl
         assert fields[b"Number of items inserted"] >= 120  # every page, once
     else:
         assert int(inspect.hget(fleet.keys.dedup, "layers") or 0) > 1
