@@ -119,7 +119,7 @@ def _register(config: SpineConfig, connection: WorkerConnection, frontier: AnyFr
     :data:`JOIN_RIDE_SECONDS`: a worker started in that moment waits, as running
     workers do, instead of exiting. Anything else refuses at once."""
     deadline = time.monotonic() + JOIN_RIDE_SECONDS
-    delay = 0.1
+    delay, warned = 0.1, False
     while True:
         try:
             frontier.upkeep.check_key_types()
@@ -132,7 +132,8 @@ def _register(config: SpineConfig, connection: WorkerConnection, frontier: AnyFr
             if not _passing(exc) or time.monotonic() + delay > deadline:
                 _refuse(connection, REASON_UNREACHABLE,
                         _unreachable(connection.description, exc))
-            if delay == 0.1:  # once per join
+            if not warned:
+                warned = True
                 logger.warning(
                     "redisspine: %s while joining (%s: %s); a cluster failing over or "
                     "resharding says so: retrying for up to %.0f s",
