@@ -97,7 +97,7 @@ def _cluster_client(target: redis_urls.RedisTarget, options: dict[str, Any]) -> 
 def _sentinel_client(target: redis_urls.RedisTarget, options: dict[str, Any]) -> redis.Redis:
     """The service's primary, found through the sentinels at every (re)connect. The URL's
     credentials are the data nodes'; sentinels are asked without (their usual set-up)."""
-    sentinel_options = {name: options[name] for name in ("socket_timeout",
+    sentinel_options: dict[str, Any] = {name: options[name] for name in ("socket_timeout",
                                                          "socket_connect_timeout")
                         if name in options}
     sentinel = Sentinel(  # type: ignore[no-untyped-call]
