@@ -306,6 +306,8 @@ class FrontierUpkeep:
         deleted = int(self._scripts.run("purge", [len(shard_busy)], rest))
         self.client.srem(self.keys.crawls, self.keys.crawl_id)  # outside the crawl's slot
         self.client.srem(self.keys.group_crawls, self.keys.crawl_id)
+        if self.keys.colocated:
+            self.client.hdel(self.keys.crawl_groups, self.keys.crawl_id)
         return deleted
 
     def purge_keys(self, keys: Sequence[str]) -> int:
@@ -343,6 +345,7 @@ class FrontierUpkeep:
         if purged == PURGED:  # a separate command: the registry lies outside the slot
             self.client.srem(self.keys.crawls, self.keys.crawl_id)
             self.client.srem(self.keys.group_crawls, self.keys.crawl_id)
+            # (crawl_groups keeps a colocated crawl's group: export finds its items)
         return purged
 
     def purge_shard(self, epoch: str, *, check: bool = False) -> int:
@@ -369,7 +372,9 @@ class FrontierUpkeep:
         one sweeps all its shards); None, and the crawl leaves the group's registry,
         when its record is gone (purged, or lost). (A FrontierUpkeep, or what the
         ``sharded`` factory builds: a ShardedUpkeep.)"""
-        keys = dataclasses.replace(self.keys, crawl_id=crawl_id, shard=None, shards=1)
+        # (the crawls of a group colocated on a cluster share its number of slots)
+        keys = dataclasses.replace(self.keys, crawl_id=crawl_id, shard=None,
+                                   shards=self.keys.shards if self.keys.colocated else 1)
         epoch, shards = self.client.hmget(keys.record, ["epoch", "shards"])
         if epoch is None:
             self.client.srem(self.keys.group_crawls, crawl_id)

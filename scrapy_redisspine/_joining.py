@@ -18,21 +18,26 @@ import contextlib
 import datetime
 import logging
 import time
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, NoReturn
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import redis
 from redis.sentinel import MasterNotFoundError
 
-from scrapy_redisspine.connection import RedisServerNotFound, describe_url, is_cluster
+from scrapy_redisspine.connection import RedisServerNotFound, describe_url
 from scrapy_redisspine.control import CLOSE
 from scrapy_redisspine.frontier import CorruptKeyError, Frontier, Registration
 from scrapy_redisspine.keys import CrawlKeys
+from scrapy_redisspine.placement import GroupShardsConflict, claim_group_shards, locate
 from scrapy_redisspine.sharded import AnyFrontier, ShardedFrontier
 from scrapy_redisspine.worker import WorkerConnection
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from scrapy_redisspine.settings import SpineConfig
+
+T = TypeVar("T")
 
 logger = logging.getLogger("scrapy_redisspine.scheduler")
 
@@ -78,7 +83,7 @@ def join(config: SpineConfig, crawl_id: str, spider: str, worker_id: str) -> Joi
     except ValueError as exc:
         raise JoinRefused(REASON_CONFIG, str(exc)) from None
     connection = _connect(config, crawl_id, worker_id)
-    keys = replace(keys, cluster=is_cluster(connection.client))
+    keys = _riding(connection, lambda: _placed(config, connection, keys))
     options: dict[str, Any] = {
         "concurrency": config.host_concurrency, "backlog_cap": config.host_backlog_cap,
         "items_cap": config.items_max_count, "items_max_bytes": config.items_max_bytes,
@@ -112,22 +117,58 @@ def join(config: SpineConfig, crawl_id: str, spider: str, worker_id: str) -> Joi
     return Joined(connection, frontier, registration)
 
 
+def _placed(config: SpineConfig, connection: WorkerConnection, keys: CrawlKeys) -> CrawlKeys:
+    """The crawl's keys as it is laid out on this Redis (placement.py); on a cluster,
+    a crawl of another group, or of a group spread over another number of slots, is
+    refused, and one laid out by an earlier version is said to keep its own budget."""
+    placed = locate(connection.client, keys)
+    if placed.colocated and placed.group != keys.group:
+        _refuse(connection, REASON_CONFLICT, (
+            f"crawl {keys.crawl_id!r} on this Redis Cluster lives in the slots of politeness "
+            f"group {placed.group!r}, and this worker has REDISSPINE_POLITENESS_GROUP = "
+            f"{keys.group!r}: a crawl keeps its group there. Set it to {placed.group!r}, "
+            f"or start afresh with another crawl id"
+        ))
+    try:
+        if placed.colocated and placed.shards != keys.shards:
+            raise GroupShardsConflict(keys, placed.shards)
+        claim_group_shards(connection.client, placed)
+    except GroupShardsConflict as exc:
+        _refuse(connection, REASON_CONFLICT, str(exc))
+    if placed.cluster and not placed.colocated:
+        logger.warning(
+            "redisspine: crawl %r on this Redis Cluster was created by a version that kept "
+            "politeness per crawl there: its lanes keep a budget of their own, not shared "
+            "with politeness group %r. A new crawl id shares it", keys.crawl_id, keys.group)
+    return placed
+
+
 def _register(config: SpineConfig, connection: WorkerConnection, frontier: AnyFrontier,
               spider: str) -> Registration:
-    """Check the crawl's keys and register, riding through what a Redis Cluster (or a
-    Sentinel's primary) says while it fails over or reshards, for up to
-    :data:`JOIN_RIDE_SECONDS`: a worker started in that moment waits, as running
-    workers do, instead of exiting. Anything else refuses at once."""
+    """Check the crawl's keys and register (riding through a failover: ``_riding``)."""
+
+    def register() -> Registration:
+        try:
+            frontier.upkeep.check_key_types()
+        except CorruptKeyError as exc:
+            _refuse(connection, REASON_CORRUPT, str(exc))
+        return frontier.register(
+            flush=config.flush_on_start, alive_ms=config.worker_timeout_ms, spider=spider
+        )
+
+    return _riding(connection, register)
+
+
+def _riding(connection: WorkerConnection, call: Callable[[], T]) -> T:
+    """``call()``, riding through what a Redis Cluster (or a Sentinel's primary) says
+    while it fails over or reshards, for up to :data:`JOIN_RIDE_SECONDS`: a worker
+    started in that moment waits, as running workers do, instead of exiting.
+    Anything else refuses at once."""
     deadline = time.monotonic() + JOIN_RIDE_SECONDS
     delay, warned = 0.1, False
     while True:
         try:
-            frontier.upkeep.check_key_types()
-            return frontier.register(
-                flush=config.flush_on_start, alive_ms=config.worker_timeout_ms, spider=spider
-            )
-        except CorruptKeyError as exc:
-            _refuse(connection, REASON_CORRUPT, str(exc))
+            return call()
         except (redis.RedisError, redis.exceptions.RedisClusterException) as exc:
             if not _passing(exc) or time.monotonic() + delay > deadline:
                 _refuse(connection, REASON_UNREACHABLE,

@@ -409,5 +409,7 @@ def _named(keys: CrawlKeys, name: str) -> str:
     (``P:{C/*}:queue``), the crawl-wide one being unused."""
     if keys.shards == 1:
         return str(getattr(keys, name))
-    first = str(getattr(keys.shard_view(0), name))
-    return first.replace(f"{{{keys.crawl_id}/0}}", f"{{{keys.crawl_id}/*}}", 1)
+    first_shard = keys.shard_view(0)
+    first = str(getattr(first_shard, name))
+    every = first_shard.tag().removesuffix("/0") + "/*"
+    return first.replace(f"{{{first_shard.tag()}}}", f"{{{every}}}", 1)

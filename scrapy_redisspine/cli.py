@@ -53,12 +53,12 @@ from scrapy_redisspine.connection import (
     client_from_url,
     describe_url,
     ensure_embedded_server,
-    is_cluster,
     shutdown_embedded_if_unused,
 )
 from scrapy_redisspine.frontier import Frontier
 from scrapy_redisspine.keys import CrawlKeys
 from scrapy_redisspine.metrics import MAX_CRAWLS
+from scrapy_redisspine.placement import locate
 from scrapy_redisspine.settings import SpineConfig, load_config
 from scrapy_redisspine.sharded import AnyFrontier, ShardedFrontier, stored_shards
 from scrapy_redisspine.status import crawl_exists, list_crawls
@@ -146,10 +146,11 @@ class Context:
 
     def keys(self, crawl: str) -> CrawlKeys:
         try:
-            return CrawlKeys(self.prefix, crawl, self.config.politeness_group,
-                             cluster=is_cluster(self.client))
+            keys = CrawlKeys(self.prefix, crawl, self.config.politeness_group)
         except ValueError as exc:
             raise CliError(str(exc)) from exc
+        # on Redis Cluster a crawl lives in its politeness group's slots: placement.py
+        return locate(self.client, keys)
 
     def existing(self, crawl: str) -> CrawlKeys:
         """The keys of an existing crawl, in its layout (its number of shards: every

@@ -27,9 +27,9 @@ from scrapy.utils.misc import build_from_crawler, load_object
 from scrapy.utils.request import referer_str
 
 from scrapy_redisspine._clock import Clock, CrawlClock, DelayedCall
-from scrapy_redisspine.connection import is_cluster
 from scrapy_redisspine.dedup import IMPL_BITMAP, MODE_SET, Dedup, DedupParams, MaintenanceStep
 from scrapy_redisspine.keys import CrawlKeys
+from scrapy_redisspine.placement import locate
 from scrapy_redisspine.settings import SpineConfig, load_config
 from scrapy_redisspine.tracking import TrackingParams, canonical_url, tracking_params
 from scrapy_redisspine.worker import WorkerConnection, new_worker_id
@@ -141,9 +141,8 @@ class RedisDupeFilter(BaseDupeFilter):
                 raise RuntimeError("RedisDupeFilter needs REDISSPINE_CRAWL_ID or a spider name")
             self._own_connection = WorkerConnection.open(self.config, crawl_id, new_worker_id())
             self._client = self._own_connection.client
-            self._keys = CrawlKeys(self.config.key_prefix, crawl_id,
-                                   self.config.politeness_group,
-                                   cluster=is_cluster(self._client))
+            self._keys = locate(self._client, CrawlKeys(
+                self.config.key_prefix, crawl_id, self.config.politeness_group))
         params = DedupParams.from_config(self.config)
         self.dedups = [Dedup(self._client, view, params) for view in self._views or [self._keys]]
         self.dedup = self.dedups[0]

@@ -256,7 +256,8 @@ class FeedDrain:
             self._slot_warned = True
             logger.error(
                 "redisspine: the feed %s is not drained: on Redis Cluster its name must "
-                "carry the crawl's hash tag, e.g. REDISSPINE_FEED_KEY = '{%s}:start_urls'",
+                "carry the hash tag of the crawl's slot, e.g. REDISSPINE_FEED_KEY = "
+                "'{%s}:start_urls'",
                 store.feed_key, keys.tag())
         return True
 

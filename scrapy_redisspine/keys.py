@@ -3,10 +3,12 @@
 All keys of one crawl share the hash tag ``{crawl id}``. A lane's politeness budget
 (its rest and its in-flight count fleet-wide) is shared by every crawl of one
 politeness group (``REDISSPINE_POLITENESS_GROUP``): those few keys carry the group's
-own hash tag ``{g:group}``, so a script that leases or acks touches two tags, the
-crawl's and its group's (one Redis: any keys; Redis Cluster: see the README's
-"Politeness across crawls"). Scripts never build key names: they receive these
-through ``KEYS``.
+own hash tag ``{g:group}``, so on one Redis a script that leases or acks touches two
+tags, the crawl's and its group's. Redis Cluster runs a script on one slot only, so
+there a crawl lives in its group's slot (``colocated``: ``P:{g:G}:C/<name>``; shard i
+of a sharded crawl ``P:{g:G/i}:C/<name>``, beside the group's keys of its lanes,
+``P:{g:G/i}:<name>``): placement.py decides, and finds crawls laid out before in
+their own slot. Scripts never build key names: they receive these through ``KEYS``.
 
 Key map (``P`` is the prefix, ``C`` the crawl id, ``G`` the politeness group):
 
@@ -45,6 +47,8 @@ key                        type    written by                      lifetime
 ``P:{C}:page_holds``       HASH    take_pages (script)             whole crawl (sharded)
 ``P:crawls``               SET     register (script)               until purged
 ``P:{g:G}:crawls``         SET     register (worker)               until purged
+``P:{g:G}:shards``         STRING  join (worker, cluster only)     the group's life
+``P:crawl_groups``         HASH    register (cluster only)         until purged
 =========================  ======  ==============================  =====================
 
 - ``queue``: score 0; member = lane, NUL, 5-character priority key (10 digits in
@@ -164,8 +168,9 @@ UTF-8 bytes, mod N: the same in every process). Key by key:
   page_holds (and stats, for the counts of count_limits, add_shed and take_pages); the
   registries. The crawl-wide view's frontier keys exist in name only (never
   written in a sharded crawl).
-- Group keys: on one server they keep ``{g:G}``; on Redis Cluster they take the
-  shard's tag (``P:{C/i}:g:<name>``), as an unsharded crawl's take the crawl's.
+- Group keys: on one server they keep ``{g:G}``; on Redis Cluster a colocated crawl's
+  shard i and the group's keys of its lanes share ``{g:G/i}``; a crawl laid out there
+  by an earlier version keeps its shards' tags (``P:{C/i}:g:<name>``).
 - On Redis Cluster each shard also keeps ``P:{C/i}:record`` (a copy of the epoch, and
   a purge's tombstone), ``P:{C/i}:control`` (the lease's close order) and
   ``P:{C/i}:workers`` (the heartbeats its sweep reads, copied before each sweep):
@@ -184,8 +189,10 @@ _FORBIDDEN_IN_ID = "{}"
 DEFAULT_GROUP = "default"
 #: The names of the group keys among CrawlKeys' properties (they carry ``{g:group}``).
 GROUP_KEY_NAMES = ("group_busy", "host_next", "host_delay", "lane_limits", "lane_throttle")
-#: The registries among CrawlKeys' properties: sets of crawl ids, no crawl's own.
-REGISTRY_KEY_NAMES = ("crawls", "group_crawls")
+#: The registries among CrawlKeys' properties: what tools and workers look crawls up
+#: in (sets of crawl ids; on Redis Cluster, each colocated crawl's group and each
+#: group's number of slots), no crawl's own.
+REGISTRY_KEY_NAMES = ("crawls", "group_crawls", "group_shards", "crawl_groups")
 #: The keys each shard of a sharded crawl has a copy of (``REDISSPINE_SHARDS``): the
 #: frontier of the lanes the shard owns, and the dedup of their URLs (a URL's lane
 #: decides its shard, so dedup per shard is exact). Every other key of a crawl is
@@ -223,9 +230,9 @@ class CrawlKeys:
     prefix: str
     crawl_id: str
     group: str = DEFAULT_GROUP
-    #: On Redis Cluster every script must stay within one slot: the group's keys then
-    #: take the crawl's own hash tag, so politeness holds per crawl (exact and atomic,
-    #: as on one server) but is not shared with the group's other crawls.
+    #: On Redis Cluster every script must stay within one slot. A crawl laid out before
+    #: groups were shared there (``colocated`` False) keeps the group's keys under its
+    #: own hash tag: politeness per crawl, exact and atomic, not shared.
     cluster: bool = False
     #: How many hash tags the crawl's frontier is spread over (REDISSPINE_SHARDS).
     #: 1: one tag, ``{C}``, the layout of every crawl before shards existed.
@@ -234,8 +241,17 @@ class CrawlKeys:
     #: crawl-wide view, whose frontier keys (SHARD_KEY_NAMES) are the one shard's of
     #: an unsharded crawl and stay unused in a sharded one. Built by :meth:`shard`.
     shard: int | None = None
+    #: Redis Cluster only: the crawl lives in its politeness group's slots, so that
+    #: every crawl of the group leases a lane in the slot that holds the lane's budget
+    #: (one script, atomic, as on one server). Unsharded: every key of the crawl
+    #: under the group's tag, ``P:{g:G}:C/<name>``, the group's keys ``P:{g:G}:<name>``.
+    #: Sharded: shard i's keys ``P:{g:G/i}:C/<name>`` beside the group's keys of the
+    #: lanes it owns, ``P:{g:G/i}:<name>``; the crawl-wide keys keep ``{C}``.
+    colocated: bool = False
 
     def __post_init__(self) -> None:
+        if self.colocated and not self.cluster:
+            raise ValueError("only a crawl on Redis Cluster lives in its group's slots")
         if self.shards < 1:
             raise ValueError(f"a crawl has at least 1 shard, got {self.shards}")
         if self.shard is not None and not 0 <= self.shard < self.shards:
@@ -259,13 +275,27 @@ class CrawlKeys:
             )
 
     def tag(self) -> str:
-        """The hash tag of this view's frontier keys (the crawl id, or ``C/shard``)."""
+        """The hash tag of this view's frontier keys (the crawl id, or ``C/shard``;
+        colocated: ``g:G``, or ``g:G/shard``)."""
+        if self.colocated and self.shards == 1:
+            return self.group_tag()
         if self.shard is None or self.shards == 1:
             return self.crawl_id
+        if self.colocated:
+            return f"{self.group_tag()}/{self.shard}"
         return f"{self.crawl_id}/{self.shard}"
 
+    def group_tag(self) -> str:
+        """The politeness group's own hash tag (``g:`` keeps it apart from a crawl id
+        spelled like the group)."""
+        return f"g:{self.group}"
+
     def _key(self, name: str) -> str:
-        if name in SHARD_KEY_NAMES or (self.cluster and name in CLUSTER_SHARD_COPIES):
+        in_shard = name in SHARD_KEY_NAMES or (self.cluster and name in CLUSTER_SHARD_COPIES)
+        if self.colocated and (self.shards == 1 or (in_shard and self.shard is not None)):
+            # A crawl id has no '/', a group key's name none: the two never meet.
+            return f"{self.prefix}:{{{self.tag()}}}:{self.crawl_id}/{name}"
+        if in_shard:
             return f"{self.prefix}:{{{self.tag()}}}:{name}"
         return f"{self.prefix}:{{{self.crawl_id}}}:{name}"
 
@@ -283,10 +313,13 @@ class CrawlKeys:
         return shard_of(lane, self.shards)
 
     def _group_key(self, name: str) -> str:
+        if self.colocated and (self.shards == 1 or self.shard is not None):
+            return f"{self.prefix}:{{{self.tag()}}}:{name}"
         if self.cluster:
+            # (a sharded crawl's crawl-wide view on a cluster: names in its own slot,
+            # for the scripts that run there; its lanes' budgets are in its shards')
             return f"{self.prefix}:{{{self.tag()}}}:g:{name}"
-        # "g:" keeps a group's tag apart from a crawl id spelled like the group.
-        return f"{self.prefix}:{{g:{self.group}}}:{name}"
+        return f"{self.prefix}:{{{self.group_tag()}}}:{name}"
 
     @property
     def queue(self) -> str:
@@ -417,7 +450,23 @@ class CrawlKeys:
     def group_crawls(self) -> str:
         """The politeness group's registry of crawl ids: a crawl whose workers all
         died holds lane slots of the group, and the group's other crawls sweep it."""
+        if self.colocated:
+            return f"{self.prefix}:{{{self.group_tag()}}}:crawls"
         return self._group_key("crawls")
+
+    @property
+    def group_shards(self) -> str:
+        """Redis Cluster: how many slots the politeness group's lanes are spread over
+        (the REDISSPINE_SHARDS of its colocated crawls, which must all agree: a lane's
+        budget lives in one slot). Written once by the group's first worker."""
+        return f"{self.prefix}:{{{self.group_tag()}}}:shards"
+
+    @property
+    def crawl_groups(self) -> str:
+        """Redis Cluster: crawl id -> politeness group of each colocated crawl, so that
+        tools find a crawl's keys (they live in its group's slots) without knowing
+        the workers' settings. Beside ``crawls``, written by register."""
+        return f"{self.prefix}:crawl_groups"
 
     def group_keys(self) -> tuple[str, ...]:
         """The politeness group's keys: shared with the group's other crawls."""

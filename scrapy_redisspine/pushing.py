@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING
 
 from scrapy.utils.request import RequestFingerprinter
 
-from scrapy_redisspine.connection import is_cluster
 from scrapy_redisspine.dupefilter import fingerprint_request
 from scrapy_redisspine.feed_entries import FeedEntry
 from scrapy_redisspine.frontier import EnqueueResult, Frontier, NewRequest
 from scrapy_redisspine.keys import DEFAULT_GROUP, CrawlKeys
+from scrapy_redisspine.placement import locate
 from scrapy_redisspine.politeness import make_lane_function
 from scrapy_redisspine.request_codec import RequestCodec
 from scrapy_redisspine.serialization import get_serializer
@@ -133,6 +133,6 @@ def push_requests(
     ``parse``); ``options`` must match the crawl's settings."""
     entries = [FeedEntry(request, callback) for request in requests]
     options = options or PushOptions()
-    keys = CrawlKeys(prefix, crawl_id, options.politeness_group, cluster=is_cluster(client))
+    keys = locate(client, CrawlKeys(prefix, crawl_id, options.politeness_group))
     return push_entries(client, keys, entries,
                         options, fingerprinter)

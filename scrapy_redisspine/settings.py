@@ -204,8 +204,11 @@ SETTINGS: tuple[Setting, ...] = (
             "Crawls under one key prefix in the same group share each lane's budget: "
             "its concurrency in flight and its rest between fetches hold across all "
             "their workers (a site sees one fleet). Give a crawl a group of its own "
-            "(e.g. its crawl id) to keep its politeness apart. On Redis Cluster "
-            "politeness is per crawl (one slot per script), whatever the group."),
+            "(e.g. its crawl id) to keep its politeness apart. On Redis Cluster a "
+            "crawl lives in its group's slot (with `REDISSPINE_SHARDS` = N, in the "
+            "group's N slots, which every crawl of the group must agree on), so the "
+            "group's crawls share each lane's budget there too, atomically; a group's "
+            "crawls then share a master unless shards spread them."),
     Setting("REDISSPINE_HOST_DELAYS", {}, as_delays, (),
             "Per-lane delay overrides in seconds, e.g. `{\"example.com\": 5}`. The "
             "default delay is Scrapy's `DOWNLOAD_DELAY`, enforced fleet-wide and counted "

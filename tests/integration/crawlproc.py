@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import scrapy_redisspine
-from scrapy_redisspine.keys import CrawlKeys
+from scrapy_redisspine.keys import DEFAULT_GROUP, CrawlKeys
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
@@ -289,6 +289,12 @@ class Fleet:
 
     def _settings(self, settings: Mapping[str, Any] | None) -> Mapping[str, Any]:
         return self.settings if settings is None else settings
+
+
+def cluster_keys(crawl: str, group: str = DEFAULT_GROUP, shards: int = 1) -> CrawlKeys:
+    """A crawl's keys on Redis Cluster as this version's workers lay a new crawl out:
+    in its politeness group's slots (placement.py)."""
+    return CrawlKeys("redisspine", crawl, group, cluster=True, colocated=True, shards=shards)
 
 
 def assert_finished(results: Sequence[WorkerResult], reason: str = "finished") -> None:

@@ -3,6 +3,8 @@
 Each crawl id is chosen so that its keys' slot and the crawl registry's slot
 (``P:crawls``) live on different masters: a plain client would be refused with MOVED
 at open, a script or pipeline that crossed slots would be refused by the cluster.
+On a cluster a crawl lives in its politeness group's slots: each crawl here has a
+group of its own (its id), so that its id chooses its master.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from tests.integration.crawlproc import (
     assert_all_fetched,
     assert_exactly_once,
     assert_finished,
+    cluster_keys,
     wait_for,
     wait_workers,
 )
@@ -63,7 +66,7 @@ def crawl_ids_away_from_registry(cluster: ClusterServers, count: int) -> list[st
     extra: list[str] = []
     for n in range(1000):
         crawl = f"cluster-{n}"
-        port = _master_port(cluster, CrawlKeys("redisspine", crawl).queue)
+        port = _master_port(cluster, cluster_keys(crawl, crawl).queue)
         if port == registry:
             continue
         if port not in found:
@@ -76,8 +79,8 @@ def crawl_ids_away_from_registry(cluster: ClusterServers, count: int) -> list[st
 
 
 def _fleet(project_dir: Path, worker_log_dir: Path, url: str, crawl: str) -> Fleet:
-    return Fleet(project_dir, {"REDISSPINE_REDIS_URL": url, "REDISSPINE_CRAWL_ID": crawl},
-                 worker_log_dir / crawl)
+    return Fleet(project_dir, {"REDISSPINE_REDIS_URL": url, "REDISSPINE_CRAWL_ID": crawl,
+                               "REDISSPINE_POLITENESS_GROUP": crawl}, worker_log_dir / crawl)
 
 
 def _fetched_with(site: TestSite, query: str) -> bool:
@@ -95,7 +98,7 @@ def test_crawls_away_from_the_registry_fetch_every_page_once_and_finish(
     worker_log_dir: Path, capsys: pytest.CaptureFixture[str],
 ) -> None:
     crawls = crawl_ids_away_from_registry(cluster, 2)
-    assert len({_master_port(cluster, CrawlKeys("redisspine", c).queue) for c in crawls}) == 2
+    assert len({_master_port(cluster, cluster_keys(c, c).queue) for c in crawls}) == 2
     for crawl in crawls:
         site = site_factory(hosts=3, pages_per_host=12)
         fleet = _fleet(project_dir, worker_log_dir, cluster.url, crawl)
@@ -119,7 +122,7 @@ def test_a_killed_workers_leases_are_swept_back_on_the_cluster(
     fleet = _fleet(project_dir, worker_log_dir, cluster.url, crawl)
     settings = fleet.crawling(site, **FAST_RECOVERY, CONCURRENT_REQUESTS=4)
     [victim] = fleet.start(1, settings, log="victim")
-    keys = CrawlKeys("redisspine", crawl)
+    keys = cluster_keys(crawl, crawl)
     client = client_from_url(cluster.url)  # finds the crawl's node itself
     try:
         wait_for(lambda: client.hlen(keys.inflight) >= 2, 60, "the victim holds leases")
@@ -154,10 +157,10 @@ def test_seed_and_a_tagged_feed_key_reach_a_running_crawl_on_the_cluster(
     cluster: ClusterServers, test_site: TestSite, project_dir: Path, worker_log_dir: Path,
 ) -> None:
     """``redisspine seed`` (the push tool) and scrapy-redis's ``lpush`` into a feed key
-    named with the crawl's tag, into a kept-alive crawl on a master away from the
-    registry; then ``redisspine drain`` ends it."""
+    named with the crawl's slot's tag (its group's), into a kept-alive crawl on a
+    master away from the registry; then ``redisspine drain`` ends it."""
     crawl = crawl_ids_away_from_registry(cluster, 4)[3]
-    feed = f"{{{crawl}}}:start_urls"
+    feed = f"{{{cluster_keys(crawl, crawl).tag()}}}:start_urls"
     fleet = _fleet(project_dir, worker_log_dir, cluster.url, crawl)
     client = client_from_url(cluster.url)
     [worker] = fleet.start(1, fleet.crawling(
@@ -202,5 +205,5 @@ def test_a_feed_key_in_another_slot_is_left_alone_with_one_error_line(
         client.close()
     errors = [line for line in result.log.splitlines() if "is not drained" in line]
     assert len(errors) == 1, errors
-    assert "{" + crawl + "}:start_urls" in errors[0]
+    assert "{" + cluster_keys(crawl, crawl).tag() + "}:start_urls" in errors[0]
     assert result.stats.get("redisspine/feed/cross_slot", 0) >= 1

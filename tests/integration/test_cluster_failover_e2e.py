@@ -8,13 +8,13 @@ from typing import TYPE_CHECKING
 import pytest
 from redis.crc import key_slot
 
-from scrapy_redisspine.keys import CrawlKeys
 from scrapy_redisspine.testing import redis_cluster
 from scrapy_redisspine.testing.redis_cluster import ClusterServers, SentinelServers
 from tests.integration.crawlproc import (
     Fleet,
     assert_all_fetched,
     assert_finished,
+    cluster_keys,
     wait_for,
     wait_workers,
 )
@@ -23,6 +23,7 @@ from tests.integration.test_cluster_e2e import FAST_RECOVERY, crawl_ids_away_fro
 if TYPE_CHECKING:
     from pathlib import Path
 
+    from scrapy_redisspine.keys import CrawlKeys
     from scrapy_redisspine.testing.site import TestSite
     from tests.conftest import SiteFactory
     from tests.integration.crawlproc import Worker
@@ -39,12 +40,13 @@ def _a_third_of_a_crawl(
     the crawl's slot; sharded (``REDISSPINE_SHARDS``), a slot of the master holding
     the most of the shards' work (queued and leased) at that moment."""
     crawl = crawl_ids_away_from_registry(cluster, 1)[0]
-    keys = CrawlKeys("redisspine", crawl, shards=shards, cluster=True)
+    keys = cluster_keys(crawl, crawl, shards=shards)
     # sharded: enough hosts (lanes) for every master to hold some of the shards' work
     hosts, pages = (3, 20) if shards == 1 else (12, 10)
     site = site_factory(hosts=hosts, pages_per_host=pages, latency=0.1)
     fleet = Fleet(project_dir, {"REDISSPINE_REDIS_URL": cluster.url,
-                                "REDISSPINE_CRAWL_ID": crawl}, worker_log_dir)
+                                "REDISSPINE_CRAWL_ID": crawl,
+                                "REDISSPINE_POLITENESS_GROUP": crawl}, worker_log_dir)
     workers = fleet.start(3, fleet.crawling(site, **FAST_RECOVERY, REDISSPINE_SHARDS=shards),
                           log="fleet")
     _a_third_fetched(site, workers)

@@ -17,13 +17,13 @@ from redis.crc import key_slot
 
 from scrapy_redisspine._joining import Joined, join
 from scrapy_redisspine.connection import client_from_url
-from scrapy_redisspine.keys import CrawlKeys
 from scrapy_redisspine.settings import load_config
 from scrapy_redisspine.testing.redis_cluster import ClusterServers
 from tests.integration.crawlproc import (
     Fleet,
     assert_all_fetched,
     assert_finished,
+    cluster_keys,
     wait_for,
     wait_workers,
 )
@@ -47,10 +47,11 @@ def test_a_slot_resharded_mid_crawl_loses_no_request(
 ) -> None:
     with ClusterServers(masters=3) as cluster:
         crawl = crawl_ids_away_from_registry(cluster, 1)[0]
-        keys = CrawlKeys("redisspine", crawl, cluster=True, shards=shards)
+        keys = cluster_keys(crawl, crawl, shards=shards)
         site = site_factory(hosts=6, pages_per_host=15, latency=0.05)
         fleet = Fleet(project_dir, {"REDISSPINE_REDIS_URL": cluster.url,
-                                    "REDISSPINE_CRAWL_ID": crawl}, worker_log_dir)
+                                    "REDISSPINE_CRAWL_ID": crawl,
+                                    "REDISSPINE_POLITENESS_GROUP": crawl}, worker_log_dir)
         workers = fleet.start(3, fleet.crawling(site, **FAST_RECOVERY,
                                                 REDISSPINE_SHARDS=shards), log="fleet")
         total = len(site.all_urls())
@@ -91,9 +92,9 @@ def test_a_worker_joining_while_its_crawls_slot_is_half_moved_waits_and_joins(
     config = load_config({})
     with ClusterServers(masters=3) as cluster:
         crawl = crawl_ids_away_from_registry(cluster, 1)[0]
-        config = replace(config, redis_url=cluster.url)
+        config = replace(config, redis_url=cluster.url, politeness_group=crawl)
         first = join(config, crawl, "spider", "first")
-        slot = key_slot(CrawlKeys("redisspine", crawl).record.encode())
+        slot = key_slot(cluster_keys(crawl, crawl).record.encode())
         target = next(m for m in cluster.masters if m is not cluster.master_of_slot(slot))
         joined: list[Joined] = []
         thread = threading.Thread(

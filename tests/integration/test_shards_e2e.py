@@ -24,6 +24,7 @@ from tests.integration.crawlproc import (
     assert_exactly_once,
     assert_finished,
     assert_refused,
+    cluster_keys,
     wait_for,
     wait_workers,
 )
@@ -46,7 +47,9 @@ FAST_RECOVERY = {
 
 
 def _sharded(keys: CrawlKeys, shards: int, cluster: bool = False) -> CrawlKeys:
-    return CrawlKeys(keys.prefix, keys.crawl_id, shards=shards, cluster=cluster)
+    if cluster:
+        return cluster_keys(keys.crawl_id, shards=shards)
+    return CrawlKeys(keys.prefix, keys.crawl_id, shards=shards)
 
 
 def _acked_per_shard(client: redis.Redis, keys: CrawlKeys) -> dict[int, int]:
@@ -201,9 +204,11 @@ def test_closespider_pagecount_holds_fleet_wide_over_shards(
 def _keys_of(client: redis.Redis, crawl: str) -> list[bytes]:
     """Every key of the crawl on the server or on every master. The registries and
     the politeness group's keys are not the crawl's: they outlive it (on a cluster
-    the group's keys carry the crawl's or its shard's tag, ``P:{C/i}:g:<name>``)."""
+    the crawl's shards live in its group's slots, ``P:{g:G/i}:C/<name>``, beside the
+    group's keys, ``P:{g:G/i}:<name>``)."""
     return sorted(key for key in client.keys("*")
-                  if f"{{{crawl}".encode() in key and b"}:g:" not in key)
+                  if (f"{{{crawl}".encode() in key and b"}:g:" not in key)
+                  or f"}}:{crawl}/".encode() in key)
 
 
 @pytest.mark.usefixtures("outside_any_project")

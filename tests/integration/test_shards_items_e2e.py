@@ -23,6 +23,7 @@ from tests.integration.crawlproc import (
     Fleet,
     assert_all_fetched,
     assert_finished,
+    cluster_keys,
     wait_for,
     wait_workers,
 )
@@ -96,7 +97,7 @@ def test_an_export_follows_a_crawl_on_six_shards_over_three_masters_through_a_ki
         # one worker dies holding items without their acks, as on one server
         workers = fleet.start(3, {**settings, "LINKS_KILL_AFTER_ITEM": kill_page,
                                   "LINKS_KILL_ONCE_FILE": str(tmp_path / "killed")}, log="w")
-        keys = CrawlKeys(fleet.keys.prefix, crawl, shards=6, cluster=True)
+        keys = cluster_keys(crawl, shards=6)
         client = client_from_url(cluster.url)
         followed: dict[str, Any] = {}
         try:

@@ -122,8 +122,47 @@ def test_on_a_cluster_every_key_but_the_registry_takes_the_crawls_tag() -> None:
     # One slot per script: the group's keys move into the crawl's slot (politeness
     # per crawl there), and stay apart from the crawl's own keys.
     keys = CrawlKeys("redisspine", "books", "shops", cluster=True)
-    tags = {name: _tag(key) for name, key in _all_keys(keys).items() if name != "crawls"}
+    tags = {name: _tag(key) for name, key in _all_keys(keys).items()
+            if name not in ("crawls", "crawl_groups", "group_shards")}
     assert set(tags.values()) == {"books"}, tags
     assert len(set(_all_keys(keys).values())) == len(_all_keys(keys))
     other = CrawlKeys("redisspine", "news", "shops", cluster=True)
     assert not set(keys.group_keys()) & set(other.group_keys())
+
+
+def test_a_colocated_crawl_lives_in_its_groups_slot_beside_the_groups_keys() -> None:
+    """Redis Cluster, politeness shared: every key a lease or an ack touches, the
+    crawl's and its group's, hashes to the group's one slot."""
+    keys = CrawlKeys("redisspine", "books", "shops", cluster=True, colocated=True)
+    tags = {name: _tag(key) for name, key in _all_keys(keys).items()
+            if name not in ("crawls", "crawl_groups")}
+    assert set(tags.values()) == {"g:shops"}, tags
+    assert len(set(_all_keys(keys).values())) == len(_all_keys(keys))
+    assert keys.queue == "redisspine:{g:shops}:books/queue"
+    assert keys.group_busy == "redisspine:{g:shops}:group_busy"
+    other = CrawlKeys("redisspine", "news", "shops", cluster=True, colocated=True)
+    assert keys.group_keys() == other.group_keys()
+    assert not set(keys.all_crawl_keys()) & set(other.all_crawl_keys())
+    # the same names as one server's group keys: one group, one budget
+    assert keys.group_keys() == CrawlKeys("redisspine", "books", "shops").group_keys()
+
+
+def test_a_colocated_sharded_crawl_puts_each_shard_beside_its_lanes_group_keys() -> None:
+    keys = CrawlKeys("redisspine", "books", "shops", cluster=True, colocated=True, shards=3)
+    other = CrawlKeys("redisspine", "news", "shops", cluster=True, colocated=True, shards=3)
+    for index in range(3):
+        view, twin = keys.shard_view(index), other.shard_view(index)
+        named = [getattr(view, name) for name in ("queue", "hosts", "busy", "inflight",
+                                                  "record", "control", "workers")]
+        assert {_tag(key) for key in named + list(view.group_keys())} == {f"g:shops/{index}"}
+        assert view.group_keys() == twin.group_keys()
+        assert view.queue != twin.queue
+    # the crawl-wide keys keep the crawl's own tag, as a sharded crawl's always did
+    assert _tag(keys.workers) == "books"
+    assert _tag(keys.record) == "books"
+    assert _tag(keys.group_crawls) == "g:shops"
+
+
+def test_only_a_crawl_on_a_cluster_is_colocated() -> None:
+    with pytest.raises(ValueError, match="Cluster"):
+        CrawlKeys("redisspine", "books", colocated=True)
