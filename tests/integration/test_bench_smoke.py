@@ -1,7 +1,8 @@
 """CI smoke runs of the benchmarks: tiny sizes, ours only, completeness not speed.
 
 Keeps ``benchmarks/crawl_compare.py`` (and the latency proxy it uses for the
-remote-Redis runs), ``scheduler_micro.py``, ``micro_breakdown.py`` and ``queue_memory.py``
+remote-Redis runs), ``scheduler_micro.py``, ``micro_breakdown.py``, ``queue_memory.py``,
+``shard_scaling.py`` and ``cluster_groups.py``
 from rotting: every reachable page fetched once, every queued request taken back.
 """
 
@@ -91,3 +92,17 @@ def test_shard_scaling_benchmark_smoke() -> None:
     assert len(cluster["cpu_us_per_page_per_master"]) == 3
     assert all(cpu > 0 for cpu in cluster["cpu_us_per_page_per_master"]), cluster
     assert list(report["cluster_crawls_shards_per_master"].values()) == [[2, 2, 2]]
+
+
+@pytest.mark.e2e
+def test_cluster_groups_benchmark_smoke() -> None:
+    # two crawls of one group on a cluster: every page of both, no gap below the delay
+    command = [sys.executable, str(ROOT / "benchmarks" / "cluster_groups.py"), "--runs", "1",
+               "--setups", "cluster", "--hosts", "2", "--pages", "3", "--workers", "1",
+               "--delay", "0.2"]
+    out = subprocess.run(command, check=True, capture_output=True, text=True, timeout=300)
+    [row] = [line for line in out.stdout.splitlines() if line.startswith("| cluster |")]
+    cells = [cell.strip() for cell in row.strip("|").split("|")]
+    assert cells[2] == "12", row  # 2 hosts x 3 pages, fetched by each of the two crawls
+    assert cells[5].startswith("0 of "), row
+    assert cells[6] == "0", row
