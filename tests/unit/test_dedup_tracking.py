@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from scrapy_redisspine.tracking import canonical_url, tracking_params
+from scrapy_redisspine.tracking import _canonical_url, canonical_url, tracking_params
 
 DEFAULT = tracking_params()
 
@@ -47,3 +49,25 @@ def test_extra_names_and_prefixes_extend_the_default_list() -> None:
 
 def test_unparsable_url_is_returned_unchanged() -> None:
     assert canonical_url("http://example.com:99999999/", DEFAULT) == "http://example.com:99999999/"
+
+
+# The fast path of canonical_url (a URL already canonical is returned as it is) must
+# never change a fingerprint: a persisted crawl's dedup record holds the old ones.
+_TRICKY = ["http://h42.example/p/12345", "https://a.b/", "http://a.b//x", "http://A.b/x",
+           "HTTP://a.b/x", "http://a.b:80/x", "http://a.b:8080/x", "http://u@a.b/x",
+           "http://a.b/x?y=1", "http://a.b/x#f", "http://a.b", "http://a.b/x y",
+           "http://a.b/x\ty", "http://a.b/x\n", " http://a.b/x", "http://a.b/x%20y",
+           "http://[::1]/x", "http://a.b/;p=1", "ftp://a.b/x", "http://a_b.c/x",
+           "http://a.b/é", "http://é.b/x", "http://a.b/x\x7f", "mailto:x@a.b"]
+
+
+@pytest.mark.parametrize("url", _TRICKY)
+def test_the_fast_path_agrees_with_the_parse(url: str) -> None:
+    assert canonical_url(url, DEFAULT) == _canonical_url(url, DEFAULT)
+
+
+@settings(max_examples=2000, deadline=None)
+@given(st.text(alphabet="hHtTpPsS:/.?#&=@[]% \t\n\x7f-_~;aAé0189", max_size=30))
+def test_the_fast_path_agrees_with_the_parse_on_any_text(tail: str) -> None:
+    for url in (tail, "http://" + tail, "http://a.example/" + tail):
+        assert canonical_url(url, DEFAULT) == _canonical_url(url, DEFAULT)

@@ -16,8 +16,11 @@ import time
 from collections import Counter
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scrapy import Request, Spider
 from scrapy.http import Response
 from scrapy.settings import Settings
@@ -26,7 +29,7 @@ from scrapy.utils.test import get_crawler
 from scrapy_redisspine.frontier import Frontier, Lease, NewRequest, split_member
 from scrapy_redisspine.keys import CrawlKeys
 from scrapy_redisspine.middleware import Politeness, parse_retry_after
-from scrapy_redisspine.politeness import DelayPolicy, make_lane_function
+from scrapy_redisspine.politeness import DelayPolicy, make_lane_function, url_hostname
 from scrapy_redisspine.settings import ConfigError, load_config
 from tests.unit.conftest import engine_of, finish, next_request
 
@@ -1303,3 +1306,31 @@ class TestDownloadSlots:
     def test_bad_slots_are_refused_naming_the_setting(self, slots: Any) -> None:
         with pytest.raises(ConfigError, match="DOWNLOAD_SLOTS"):
             load_config({"DOWNLOAD_SLOTS": slots})
+
+
+# url_hostname's regex path must give urlsplit's hostname exactly: a lane is a key in
+# Redis, and a persisted crawl's lanes were named by urlsplit.
+_HOST_URLS = ["http://h42.example/p/1", "HTTP://A.Example:8080/x", "http://a.b:/x",
+              "http://a.b?q", "http://a.b#f", "http://a.b", "http://u@a.b/x",
+              "http://[::1]:80/x", "http://a\t.b/x", " http://a.b/x", "http://a.b:80x/y",
+              "http:///x", "mailto:x@a.b", "data:,x", "http://é.b/x", "http://a_b.c./x",
+              "http://a.b\\c/x", "http://%61.b/x", "ftp://A.B"]
+
+
+def _split_hostname(url: str) -> str | None:
+    try:
+        return urlsplit(url).hostname
+    except ValueError:
+        return None
+
+
+@pytest.mark.parametrize("url", _HOST_URLS)
+def test_url_hostname_is_urlsplits(url: str) -> None:
+    assert url_hostname(url) == _split_hostname(url)
+
+
+@settings(max_examples=2000, deadline=None)
+@given(st.text(alphabet="hHtTpP:/.?#@[]% \t\n-_aAé0189\\", max_size=24))
+def test_url_hostname_is_urlsplits_on_any_text(tail: str) -> None:
+    for url in (tail, "http://" + tail, "Http://a" + tail):
+        assert url_hostname(url) == _split_hostname(url)
