@@ -28,7 +28,12 @@ from scrapy_redisspine.connection import RedisServerNotFound, describe_url
 from scrapy_redisspine.control import CLOSE
 from scrapy_redisspine.frontier import CorruptKeyError, Frontier, Registration
 from scrapy_redisspine.keys import CrawlKeys
-from scrapy_redisspine.placement import GroupShardsConflict, claim_group_shards, locate
+from scrapy_redisspine.placement import (
+    GroupShardsConflict,
+    PlacementCorrupt,
+    claim_group_shards,
+    locate,
+)
 from scrapy_redisspine.sharded import AnyFrontier, ShardedFrontier
 from scrapy_redisspine.worker import WorkerConnection
 
@@ -121,7 +126,10 @@ def _placed(config: SpineConfig, connection: WorkerConnection, keys: CrawlKeys) 
     """The crawl's keys as it is laid out on this Redis (placement.py); on a cluster,
     a crawl of another group, or of a group spread over another number of slots, is
     refused, and one laid out by an earlier version is said to keep its own budget."""
-    placed = locate(connection.client, keys)
+    try:
+        placed = locate(connection.client, keys)
+    except PlacementCorrupt as exc:
+        _refuse(connection, REASON_CORRUPT, str(exc))
     if placed.colocated and placed.group != keys.group:
         _refuse(connection, REASON_CONFLICT, (
             f"crawl {keys.crawl_id!r} on this Redis Cluster lives in the slots of politeness "
@@ -135,6 +143,8 @@ def _placed(config: SpineConfig, connection: WorkerConnection, keys: CrawlKeys) 
         claim_group_shards(connection.client, placed)
     except GroupShardsConflict as exc:
         _refuse(connection, REASON_CONFLICT, str(exc))
+    except PlacementCorrupt as exc:
+        _refuse(connection, REASON_CORRUPT, str(exc))
     if placed.cluster and not placed.colocated:
         logger.warning(
             "redisspine: crawl %r on this Redis Cluster was created by a version that kept "

@@ -58,7 +58,7 @@ from scrapy_redisspine.connection import (
 from scrapy_redisspine.frontier import Frontier
 from scrapy_redisspine.keys import CrawlKeys
 from scrapy_redisspine.metrics import MAX_CRAWLS
-from scrapy_redisspine.placement import locate
+from scrapy_redisspine.placement import PlacementCorrupt, locate
 from scrapy_redisspine.settings import SpineConfig, load_config
 from scrapy_redisspine.sharded import AnyFrontier, ShardedFrontier, stored_shards
 from scrapy_redisspine.status import crawl_exists, list_crawls
@@ -150,7 +150,10 @@ class Context:
         except ValueError as exc:
             raise CliError(str(exc)) from exc
         # on Redis Cluster a crawl lives in its politeness group's slots: placement.py
-        return locate(self.client, keys)
+        try:
+            return locate(self.client, keys)
+        except PlacementCorrupt as exc:
+            raise CliError(str(exc)) from None
 
     def existing(self, crawl: str) -> CrawlKeys:
         """The keys of an existing crawl, in its layout (its number of shards: every

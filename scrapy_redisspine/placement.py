@@ -27,7 +27,8 @@ if TYPE_CHECKING:
 
     from scrapy_redisspine.keys import CrawlKeys
 
-__all__ = ["GroupShardsConflict", "claim_group_shards", "locate"]
+__all__ = ["GroupShardsConflict", "PlacementCorrupt", "claim_group_shards", "locate",
+           "locate_on_cluster"]
 
 
 class GroupShardsConflict(ValueError):
@@ -44,23 +45,40 @@ class GroupShardsConflict(ValueError):
         self.stored = stored
 
 
+class PlacementCorrupt(ValueError):
+    """A registry that says where crawls live holds what no worker wrote."""
+
+
 def locate(client: redis.Redis, keys: CrawlKeys) -> CrawlKeys:
     """``keys`` (from the settings: prefix, crawl id, group, shards) as the crawl is
-    laid out on ``client``'s Redis.
-
-    On a cluster: a registered crawl in its registered group (and with the group's
-    number of slots); a crawl whose record sits under its own tag, as an earlier
-    version created it there, in that layout; a new crawl in its group's slots."""
+    laid out on ``client``'s Redis (on a cluster: :func:`locate_on_cluster`)."""
     if not is_cluster(client):
         return replace(keys, cluster=False, colocated=False)
+    return locate_on_cluster(client, keys)
+
+
+def locate_on_cluster(client: redis.Redis, keys: CrawlKeys) -> CrawlKeys:
+    """A registered crawl in its registered group (and with the group's number of
+    slots); a crawl whose record sits under its own tag, as an earlier version
+    created it there, in that layout; a new crawl in its group's slots.
+
+    Raises :class:`PlacementCorrupt` for a registered group no crawl can have, or a
+    group's number of slots that is no positive number: guessing would put the
+    crawl, or its lanes' budgets, where the others do not look."""
     keys = replace(keys, cluster=True, colocated=False, shard=None)
     group = client.hget(keys.crawl_groups, keys.crawl_id)
     if group is None and client.exists(keys.record):
         return keys
-    placed = replace(keys, group=text(group) if group is not None else keys.group,
-                     colocated=True)
-    stored = client.get(placed.group_shards)
-    return placed if stored is None else replace(placed, shards=number(stored, keys.shards))
+    try:
+        placed = replace(keys, group=text(group) if group is not None else keys.group,
+                         colocated=True)
+    except ValueError as exc:
+        raise PlacementCorrupt(
+            f"{keys.crawl_groups} names {text(group)!r} as the politeness group of crawl "
+            f"{keys.crawl_id!r}, which no crawl can have ({exc}): delete that field"
+        ) from None
+    stored = _group_shards(client, placed)
+    return placed if stored is None else replace(placed, shards=stored)
 
 
 def claim_group_shards(client: redis.Redis, keys: CrawlKeys) -> None:
@@ -69,6 +87,20 @@ def claim_group_shards(client: redis.Redis, keys: CrawlKeys) -> None:
     if not keys.colocated:
         return
     client.set(keys.group_shards, keys.shards, nx=True)
-    stored = number(client.get(keys.group_shards), keys.shards)
-    if stored != keys.shards:
+    stored = _group_shards(client, keys)
+    if stored is not None and stored != keys.shards:
         raise GroupShardsConflict(keys, stored)
+
+
+def _group_shards(client: redis.Redis, keys: CrawlKeys) -> int | None:
+    raw = client.get(keys.group_shards)
+    if raw is None:
+        return None
+    stored = number(raw, 0)
+    if stored < 1 or text(raw).strip() != str(stored):
+        raise PlacementCorrupt(
+            f"{keys.group_shards} holds {text(raw)!r}, not the number of slots politeness "
+            f"group {keys.group!r} spreads its lanes over: set it to its crawls' "
+            f"REDISSPINE_SHARDS (1 by default)"
+        )
+    return stored

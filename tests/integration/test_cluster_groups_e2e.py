@@ -184,6 +184,26 @@ def test_a_worker_of_another_number_of_shards_than_its_group_is_refused(
                    "REDISSPINE_POLITENESS_GROUP")
 
 
+def test_garbage_in_the_groups_number_of_slots_refuses_in_one_line_and_no_crawl_moves(
+    cluster: ClusterServers, test_site: TestSite, project_dir: Path, worker_log_dir: Path,
+) -> None:
+    """Guessing would spread the group's lanes over a number of slots the others do not
+    use (their budgets apart): the worker refuses, naming the key and the fix."""
+    client = client_from_url(cluster.url)
+    keys = _colocated("garbled", "garbled")
+    client.set(keys.group_shards, "three")
+    fleet = _fleet(project_dir, worker_log_dir, cluster.url, "garbled")
+    [refused] = fleet.run(1, fleet.crawling(test_site, REDISSPINE_POLITENESS_GROUP="garbled"),
+                          log="w", timeout=120)
+    assert_refused(refused, "redisspine_corrupt_key", keys.group_shards, "'three'",
+                   "REDISSPINE_SHARDS")
+    assert not client.exists(keys.record)
+    assert not test_site.requests()
+    client.set(keys.group_shards, "1")  # mended: the crawl runs
+    assert_finished(fleet.run(1, fleet.crawling(
+        test_site, REDISSPINE_POLITENESS_GROUP="garbled"), log="mended", timeout=180))
+
+
 def test_a_crawl_laid_out_in_its_own_slot_by_an_earlier_version_still_runs(
     cluster: ClusterServers, test_site: TestSite, project_dir: Path, worker_log_dir: Path,
     capsys: pytest.CaptureFixture[str],

@@ -9,7 +9,13 @@ from typing import TYPE_CHECKING
 import pytest
 
 from scrapy_redisspine.keys import CrawlKeys
-from scrapy_redisspine.placement import GroupShardsConflict, claim_group_shards, locate
+from scrapy_redisspine.placement import (
+    GroupShardsConflict,
+    PlacementCorrupt,
+    claim_group_shards,
+    locate,
+    locate_on_cluster,
+)
 
 if TYPE_CHECKING:
     import redis
@@ -38,3 +44,53 @@ def test_a_group_shards_conflict_names_both_numbers_and_the_ways_out() -> None:
         assert said in message
     with pytest.raises(ValueError, match="spreads its lanes over 3 slot"):
         raise GroupShardsConflict(keys, 3)
+
+
+def _colocated(crawl: str, group: str = "default", shards: int = 1) -> CrawlKeys:
+    return CrawlKeys("redisspine", crawl, group, cluster=True, colocated=True, shards=shards)
+
+
+class TestOnACluster:
+    """locate_on_cluster's decisions, on any server (a real cluster runs them in
+    tests/integration/test_cluster_groups_e2e.py)."""
+
+    def test_a_new_crawl_goes_to_its_groups_slots(self, client: redis.Redis) -> None:
+        placed = locate_on_cluster(client, CrawlKeys("redisspine", "books", "shops"))
+        assert placed == _colocated("books", "shops")
+
+    def test_a_registered_crawl_is_found_in_its_group(self, client: redis.Redis) -> None:
+        client.hset(_colocated("books").crawl_groups, "books", "shops")
+        assert locate_on_cluster(client, CrawlKeys("redisspine", "books")) == _colocated(
+            "books", "shops")
+
+    def test_a_crawl_an_earlier_version_laid_out_stays_in_its_own_slot(
+        self, client: redis.Redis
+    ) -> None:
+        old = CrawlKeys("redisspine", "books", "shops", cluster=True)
+        client.hset(old.record, "epoch", "e")
+        assert locate_on_cluster(client, CrawlKeys("redisspine", "books", "shops")) == old
+
+    def test_the_groups_number_of_slots_is_claimed_once(self, client: redis.Redis) -> None:
+        claim_group_shards(client, _colocated("one", "shops", shards=2))
+        assert locate_on_cluster(client, CrawlKeys("redisspine", "two", "shops")).shards == 2
+        claim_group_shards(client, _colocated("two", "shops", shards=2))
+        with pytest.raises(GroupShardsConflict, match="REDISSPINE_SHARDS = 2"):
+            claim_group_shards(client, _colocated("three", "shops", shards=3))
+
+    @pytest.mark.parametrize("garbage", [b"abc", b"0", b"-2", b"2.5", b""])
+    def test_garbage_in_the_groups_number_of_slots_is_a_clear_error(
+        self, client: redis.Redis, garbage: bytes
+    ) -> None:
+        keys = _colocated("books", "shops")
+        client.set(keys.group_shards, garbage)
+        with pytest.raises(PlacementCorrupt, match=r"shards holds .* set it to"):
+            locate_on_cluster(client, CrawlKeys("redisspine", "books", "shops"))
+        with pytest.raises(PlacementCorrupt):
+            claim_group_shards(client, keys)
+
+    def test_a_registered_group_no_crawl_can_have_is_a_clear_error(
+        self, client: redis.Redis
+    ) -> None:
+        client.hset(_colocated("books").crawl_groups, "books", "sh{ops")
+        with pytest.raises(PlacementCorrupt, match="delete that field"):
+            locate_on_cluster(client, CrawlKeys("redisspine", "books"))
