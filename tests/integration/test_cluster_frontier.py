@@ -11,15 +11,17 @@ from redis.crc import key_slot
 from scrapy_redisspine.bloom import has_redisbloom
 from scrapy_redisspine.connection import client_from_url, is_cluster, same_slot
 from scrapy_redisspine.frontier import Frontier, NewRequest
-from scrapy_redisspine.keys import CrawlKeys
 from scrapy_redisspine.status import crawl_exists, list_crawls, read_status
 from scrapy_redisspine.testing.redis_cluster import ClusterServers
+from tests.integration.crawlproc import cluster_keys
 from tests.integration.test_cluster_e2e import crawl_ids_away_from_registry
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
     import redis
+
+    from scrapy_redisspine.keys import CrawlKeys
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +40,10 @@ def client(cluster: ClusterServers) -> Iterator[redis.Redis]:
 
 @pytest.fixture
 def keys(cluster: ClusterServers) -> CrawlKeys:
-    return CrawlKeys("redisspine", crawl_ids_away_from_registry(cluster, 1)[0], cluster=True)
+    """As a worker lays a new crawl out on a cluster: in its politeness group's slot
+    (the crawl's own group here, so that its id places it away from the registry)."""
+    crawl = crawl_ids_away_from_registry(cluster, 1)[0]
+    return cluster_keys(crawl, crawl)
 
 
 def _frontier(client: redis.Redis, keys: CrawlKeys) -> Frontier:

@@ -12,9 +12,7 @@ own budget; workers that disagree with the group's layout are refused in one lin
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
-from itertools import pairwise
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pytest
 from redis.crc import key_slot
@@ -29,8 +27,16 @@ from tests.integration.crawlproc import (
     Fleet,
     assert_finished,
     assert_refused,
+    cluster_keys,
     wait_for,
     wait_workers,
+)
+from tests.integration.test_politeness_groups_e2e import (
+    CLOCK_SLACK,
+    FAST_RECOVERY,
+    _every_page_fetched_by_both,
+    _smallest_gaps,
+    _two_crawls,
 )
 
 if TYPE_CHECKING:
@@ -42,15 +48,6 @@ if TYPE_CHECKING:
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("outside_any_project")]
 
-# The site stamps with time.time(), the lane's rest starts at Redis TIME: one machine.
-CLOCK_SLACK = 0.005
-FAST_RECOVERY = {
-    "REDISSPINE_HEARTBEAT_SECONDS": 0.3,
-    "REDISSPINE_WORKER_TIMEOUT_SECONDS": 1.5,
-    "REDISSPINE_SWEEP_SECONDS": 0.3,
-}
-
-
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[ClusterServers]:
     with ClusterServers(masters=3) as servers:
@@ -60,35 +57,6 @@ def cluster() -> Iterator[ClusterServers]:
 def _fleet(project_dir: Path, worker_log_dir: Path, url: str, crawl: str) -> Fleet:
     return Fleet(project_dir, {"REDISSPINE_REDIS_URL": url, "REDISSPINE_CRAWL_ID": crawl},
                  worker_log_dir / crawl)
-
-
-def _colocated(crawl: str, group: str, shards: int = 1) -> CrawlKeys:
-    return CrawlKeys("redisspine", crawl, group, cluster=True, colocated=True, shards=shards)
-
-
-def _by_host(site: TestSite) -> dict[str, list[tuple[float, float]]]:
-    fetches: dict[str, list[tuple[float, float]]] = defaultdict(list)
-    for record in site.requests():
-        if record.get("page") and "error" not in record:
-            fetches[record["host"]].append((record["start"], record["end"]))
-    return {host: sorted(times) for host, times in fetches.items()}
-
-
-def _smallest_gaps(site: TestSite) -> dict[str, float]:
-    return {host: min(later[0] - earlier[1] for earlier, later in pairwise(times))
-            for host, times in _by_host(site).items()}
-
-
-def _every_page_fetched_by_both(site: TestSite) -> None:
-    counts = Counter(site.fetch_counts())
-    fetched = {url: counts[url] for url in site.all_urls()}
-    assert min(fetched.values()) >= 2, "each crawl fetches every page once (own dedup)"
-
-
-def _two_crawls(fleet: Fleet, site: TestSite, **extra: Any) -> tuple[dict[str, Any], ...]:
-    first = fleet.crawling(site, **extra)
-    second = {**first, "REDISSPINE_CRAWL_ID": first["REDISSPINE_CRAWL_ID"] + "-other"}
-    return first, second
 
 
 @pytest.mark.parametrize("shards", [1, 3])
@@ -112,7 +80,7 @@ def test_two_crawls_of_one_group_on_a_cluster_keep_every_hosts_delay_with_no_ove
     # Where the keys are: each crawl's frontier beside the group's budget keys.
     client = client_from_url(cluster.url)
     for settings in (first, second):
-        keys = _colocated(settings["REDISSPINE_CRAWL_ID"], group, shards)
+        keys = cluster_keys(settings["REDISSPINE_CRAWL_ID"], group, shards)
         views = keys.shard_views() if shards > 1 else (keys,)
         assert all(key_slot(view.queue.encode()) == key_slot(view.group_busy.encode())
                    for view in views)
@@ -121,7 +89,7 @@ def test_two_crawls_of_one_group_on_a_cluster_keep_every_hosts_delay_with_no_ove
         assert client.hget(keys.crawl_groups, keys.crawl_id) == group.encode()
     if shards > 1:
         masters = {cluster.master_of_slot(key_slot(view.queue.encode())).port
-                   for view in _colocated("x", group, shards).shard_views()}
+                   for view in cluster_keys("x", group, shards).shard_views()}
         assert len(masters) >= 2, "the group's slots spread over masters"
 
 
@@ -150,7 +118,7 @@ def test_a_crawl_whose_only_worker_died_is_swept_by_the_other_crawl_on_a_cluster
     fleet = _fleet(project_dir, worker_log_dir, cluster.url, "dead-crawl")
     first, second = _two_crawls(fleet, site, REDISSPINE_POLITENESS_GROUP="swept",
                                 **FAST_RECOVERY)
-    crawl_a = _colocated(first["REDISSPINE_CRAWL_ID"], "swept")
+    crawl_a = cluster_keys(first["REDISSPINE_CRAWL_ID"], "swept")
     client = client_from_url(cluster.url)
     [victim] = fleet.start(1, first, log="a")
     wait_for(lambda: client.hlen(crawl_a.inflight) >= 2, 60, "leases held by the victim")
@@ -190,7 +158,7 @@ def test_garbage_in_the_groups_number_of_slots_refuses_in_one_line_and_no_crawl_
     """Guessing would spread the group's lanes over a number of slots the others do not
     use (their budgets apart): the worker refuses, naming the key and the fix."""
     client = client_from_url(cluster.url)
-    keys = _colocated("garbled", "garbled")
+    keys = cluster_keys("garbled", "garbled")
     client.set(keys.group_shards, "three")
     fleet = _fleet(project_dir, worker_log_dir, cluster.url, "garbled")
     [refused] = fleet.run(1, fleet.crawling(test_site, REDISSPINE_POLITENESS_GROUP="garbled"),
@@ -253,7 +221,7 @@ class TestPlacement:
     def test_a_new_crawl_goes_to_its_groups_slot(self, cluster: ClusterServers) -> None:
         client = client_from_url(cluster.url)
         placed = locate(client, CrawlKeys("redisspine", "new-crawl", "place-a"))
-        assert placed == _colocated("new-crawl", "place-a")
+        assert placed == cluster_keys("new-crawl", "place-a")
 
     def test_the_groups_number_of_slots_is_claimed_once_and_kept(
         self, cluster: ClusterServers
@@ -264,13 +232,13 @@ class TestPlacement:
         # another crawl of the group: located with the group's N, whatever it asked
         assert locate(client, CrawlKeys("redisspine", "two", "place-b")).shards == 2
         with pytest.raises(GroupShardsConflict, match="REDISSPINE_SHARDS = 2"):
-            claim_group_shards(client, _colocated("two", "place-b", shards=3))
+            claim_group_shards(client, cluster_keys("two", "place-b", shards=3))
 
     def test_a_registered_crawl_is_found_in_its_group_whatever_the_settings_say(
         self, cluster: ClusterServers
     ) -> None:
         client = client_from_url(cluster.url)
-        keys = _colocated("registered", "place-c")
+        keys = cluster_keys("registered", "place-c")
         client.hset(keys.crawl_groups, "registered", "place-c")
         assert locate(client, CrawlKeys("redisspine", "registered")) == keys
 
