@@ -306,8 +306,8 @@ class FrontierUpkeep:
         deleted = int(self._scripts.run("purge", [len(shard_busy)], rest))
         self.client.srem(self.keys.crawls, self.keys.crawl_id)  # outside the crawl's slot
         self.client.srem(self.keys.group_crawls, self.keys.crawl_id)
-        if self.keys.colocated:
-            self.client.hdel(self.keys.crawl_groups, self.keys.crawl_id)
+        # (P:crawl_groups keeps a colocated crawl's group: a sharded crawl's tombstone
+        # is under its own tag, where an earlier version's crawl would be: placement.py)
         return deleted
 
     def purge_keys(self, keys: Sequence[str]) -> int:

@@ -127,7 +127,7 @@ def _placed(config: SpineConfig, connection: WorkerConnection, keys: CrawlKeys) 
     a crawl of another group, or of a group spread over another number of slots, is
     refused, and one laid out by an earlier version is said to keep its own budget."""
     try:
-        placed = locate(connection.client, keys)
+        placed = locate(connection.client, keys, claim=True)
     except PlacementCorrupt as exc:
         _refuse(connection, REASON_CORRUPT, str(exc))
     if placed.colocated and placed.group != keys.group:

@@ -144,14 +144,16 @@ class Context:
         if self.embedded_dir is not None:
             shutdown_embedded_if_unused(self.embedded_dir)
 
-    def keys(self, crawl: str) -> CrawlKeys:
+    def keys(self, crawl: str, *, claim: bool = False) -> CrawlKeys:
+        """The crawl's keys where it lives; ``claim``: a command that writes to it (a
+        new crawl on a cluster is registered with its group first: placement.py)."""
         try:
             keys = CrawlKeys(self.prefix, crawl, self.config.politeness_group)
         except ValueError as exc:
             raise CliError(str(exc)) from exc
         # on Redis Cluster a crawl lives in its politeness group's slots: placement.py
         try:
-            return locate(self.client, keys)
+            return locate(self.client, keys, claim=claim)
         except PlacementCorrupt as exc:
             raise CliError(str(exc)) from None
 

@@ -112,7 +112,7 @@ def parse_seeds(
 def cmd_seed(ctx: CommandContext, args: argparse.Namespace) -> int:
     from scrapy_redisspine.pushing import PushOptions, push_entries
 
-    keys = ctx.keys(args.crawl)
+    keys = ctx.keys(args.crawl, claim=True)
     if not args.urls and not args.file:
         raise CliError("nothing to seed: give URLs or --file")
     entries, bad = parse_seeds(_read_lines(args), args.priority, args.callback)

@@ -142,7 +142,7 @@ class RedisDupeFilter(BaseDupeFilter):
             self._own_connection = WorkerConnection.open(self.config, crawl_id, new_worker_id())
             self._client = self._own_connection.client
             self._keys = locate(self._client, CrawlKeys(
-                self.config.key_prefix, crawl_id, self.config.politeness_group))
+                self.config.key_prefix, crawl_id, self.config.politeness_group), claim=True)
         params = DedupParams.from_config(self.config)
         self.dedups = [Dedup(self._client, view, params) for view in self._views or [self._keys]]
         self.dedup = self.dedups[0]

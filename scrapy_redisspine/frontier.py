@@ -217,8 +217,6 @@ class Frontier:
             # The group's registry: its other crawls sweep this one if all its
             # workers die holding the group's lane slots (extension.Recovery).
             self.client.sadd(self.keys.group_crawls, self.keys.crawl_id)
-            if self.keys.colocated:  # tools find it in its group's slots (placement.py)
-                self.client.hset(self.keys.crawl_groups, self.keys.crawl_id, self.keys.group)
         return registration
 
     def _flushed_layout(self) -> CrawlKeys:

@@ -48,7 +48,7 @@ key                        type    written by                      lifetime
 ``P:crawls``               SET     register (script)               until purged
 ``P:{g:G}:crawls``         SET     register (worker)               until purged
 ``P:{g:G}:shards``         STRING  join (worker, cluster only)     the group's life
-``P:crawl_groups``         HASH    register (cluster only)         until purged
+``P:crawl_groups``         HASH    join, push (cluster only)       kept (placement.py)
 =========================  ======  ==============================  =====================
 
 - ``queue``: score 0; member = lane, NUL, 5-character priority key (10 digits in
@@ -465,7 +465,10 @@ class CrawlKeys:
     def crawl_groups(self) -> str:
         """Redis Cluster: crawl id -> politeness group of each colocated crawl, so that
         tools find a crawl's keys (they live in its group's slots) without knowing
-        the workers' settings. Beside ``crawls``, written by register."""
+        the workers' settings. Written (HSETNX) before anything of a new crawl by
+        what writes to it (a worker's join, a push), and kept after a purge: a sharded
+        crawl's record, a purge's tombstone too, is under the crawl's own tag, where
+        an earlier version's crawl keeps its own (placement.py)."""
         return f"{self.prefix}:crawl_groups"
 
     def group_keys(self) -> tuple[str, ...]:

@@ -49,26 +49,38 @@ class PlacementCorrupt(ValueError):
     """A registry that says where crawls live holds what no worker wrote."""
 
 
-def locate(client: redis.Redis, keys: CrawlKeys) -> CrawlKeys:
+def locate(client: redis.Redis, keys: CrawlKeys, *, claim: bool = False) -> CrawlKeys:
     """``keys`` (from the settings: prefix, crawl id, group, shards) as the crawl is
-    laid out on ``client``'s Redis (on a cluster: :func:`locate_on_cluster`)."""
+    laid out on ``client``'s Redis (on a cluster: :func:`locate_on_cluster`; what
+    writes to the crawl, a worker or a push, registers a new crawl's group: ``claim``)."""
     if not is_cluster(client):
         return replace(keys, cluster=False, colocated=False)
-    return locate_on_cluster(client, keys)
+    return locate_on_cluster(client, keys, claim=claim)
 
 
-def locate_on_cluster(client: redis.Redis, keys: CrawlKeys) -> CrawlKeys:
+def locate_on_cluster(client: redis.Redis, keys: CrawlKeys, *, claim: bool = False) -> CrawlKeys:
     """A registered crawl in its registered group (and with the group's number of
-    slots); a crawl whose record sits under its own tag, as an earlier version
-    created it there, in that layout; a new crawl in its group's slots.
+    slots); a crawl whose record sits under its own tag with no group registered,
+    as an earlier version created it there, in that layout; a new crawl in its
+    group's slots, the group registered first with ``claim`` (HSETNX: of workers
+    joining a new crawl at once, every one ends up in the group the first wrote).
+
+    Order matters: a new crawl's group is registered before anything of the crawl
+    is written (its record among it, which a sharded crawl keeps under its own tag,
+    where an earlier version's record would be too), and the record is read before
+    the registry here, so whoever sees a record sees the group registered with it.
 
     Raises :class:`PlacementCorrupt` for a registered group no crawl can have, or a
     group's number of slots that is no positive number: guessing would put the
     crawl, or its lanes' budgets, where the others do not look."""
     keys = replace(keys, cluster=True, colocated=False, shard=None)
+    recorded = client.exists(keys.record)
     group = client.hget(keys.crawl_groups, keys.crawl_id)
-    if group is None and client.exists(keys.record):
+    if group is None and recorded:
         return keys
+    if group is None and claim:
+        client.hsetnx(keys.crawl_groups, keys.crawl_id, keys.group)
+        group = client.hget(keys.crawl_groups, keys.crawl_id)
     try:
         placed = replace(keys, group=text(group) if group is not None else keys.group,
                          colocated=True)

@@ -133,6 +133,6 @@ def push_requests(
     ``parse``); ``options`` must match the crawl's settings."""
     entries = [FeedEntry(request, callback) for request in requests]
     options = options or PushOptions()
-    keys = locate(client, CrawlKeys(prefix, crawl_id, options.politeness_group))
+    keys = locate(client, CrawlKeys(prefix, crawl_id, options.politeness_group), claim=True)
     return push_entries(client, keys, entries,
                         options, fingerprinter)

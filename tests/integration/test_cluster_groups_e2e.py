@@ -184,6 +184,7 @@ def test_a_crawl_laid_out_in_its_own_slot_by_an_earlier_version_still_runs(
     client = client_from_url(cluster.url)
     frontier = Frontier(client, old, "earlier-worker")
     frontier.register(flush=False, alive_ms=1_000, spider="links")
+    frontier.done_starting()  # (else the crawl waits for it to time out as a starter)
     frontier.leave()
     # (the seed finds the crawl where it is, as every tool does: placement.locate)
     assert cli.main(["--redis-url", cluster.url, "seed", crawl,

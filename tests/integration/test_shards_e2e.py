@@ -139,8 +139,12 @@ def test_three_workers_on_six_shards_over_a_three_master_cluster(
             masters = {cluster.master_of_slot(key_slot(view.stats.encode())).port
                        for view in keys.shard_views() if acked[view.shard or 0]}
             finished = client.hget(keys.record, "finished_ms")
+            # every worker laid the crawl out alike (none took it for an earlier
+            # version's, whose shards are under {crawl id/i}: placement.py)
+            stray = [key for key in client.keys("*") if b"{sharded-cluster/" in key]
         finally:
             client.close()
+        assert stray == [], stray
     assert sum(acked.values()) == len(site.all_urls()), acked
     assert len(masters) >= 2, f"the crawl's working shards sat on one master: {acked}"
     assert finished is not None

@@ -94,3 +94,39 @@ class TestOnACluster:
         client.hset(_colocated("books").crawl_groups, "books", "sh{ops")
         with pytest.raises(PlacementCorrupt, match="delete that field"):
             locate_on_cluster(client, CrawlKeys("redisspine", "books"))
+
+
+class TestJoiningANewCrawlAtOnce:
+    """CI found it: three workers joining a new sharded crawl on a cluster at once;
+    one saw the first's record (a sharded crawl keeps it under its own tag, where an
+    earlier version's crawl has it) before the group was registered, took the crawl
+    for an earlier version's and crawled every page a second time in that layout."""
+
+    def test_a_crawl_whose_group_is_registered_is_never_taken_for_an_earlier_ones(
+        self, client: redis.Redis
+    ) -> None:
+        first = locate_on_cluster(client, CrawlKeys("redisspine", "new", "g", shards=3),
+                                  claim=True)
+        assert first.colocated
+        client.hset(first.record, "epoch", "e")  # the first worker registered
+        later = locate_on_cluster(client, CrawlKeys("redisspine", "new", "g", shards=3))
+        assert later == first
+
+    def test_the_group_is_registered_before_anything_of_the_crawl(
+        self, client: redis.Redis
+    ) -> None:
+        keys = CrawlKeys("redisspine", "new", "g")
+        locate_on_cluster(client, keys, claim=True)
+        assert client.hget(keys.crawl_groups, "new") == b"g"
+        assert client.dbsize() == 1  # the registry only
+
+    def test_the_first_claim_wins_for_every_joiner(self, client: redis.Redis) -> None:
+        locate_on_cluster(client, CrawlKeys("redisspine", "new", "first"), claim=True)
+        placed = locate_on_cluster(client, CrawlKeys("redisspine", "new", "second"),
+                                   claim=True)
+        assert placed.group == "first"
+
+    def test_a_reader_claims_nothing(self, client: redis.Redis) -> None:
+        keys = CrawlKeys("redisspine", "new", "g")
+        assert locate_on_cluster(client, keys).colocated
+        assert not client.exists(keys.crawl_groups)
