@@ -2,7 +2,7 @@
 
 Keeps ``benchmarks/crawl_compare.py`` (and the latency proxy it uses for the
 remote-Redis runs), ``scheduler_micro.py``, ``micro_breakdown.py``, ``queue_memory.py``,
-``shard_scaling.py`` and ``cluster_groups.py``
+``shard_scaling.py``, ``cluster_groups.py`` and ``script_cost.py``
 from rotting: every reachable page fetched once, every queued request taken back.
 """
 
@@ -106,3 +106,15 @@ def test_cluster_groups_benchmark_smoke() -> None:
     assert cells[2] == "12", row  # 2 hosts x 3 pages, fetched by each of the two crawls
     assert cells[5].startswith("0 of "), row
     assert cells[6] == "0", row
+
+
+def test_script_cost_benchmark_smoke() -> None:
+    # every request enqueued, leased and acked once; each phase's figures present
+    command = [sys.executable, str(ROOT / "benchmarks" / "script_cost.py"), "--rounds", "1",
+               "--n", "200", "--hosts", "20", "--json"]
+    out = subprocess.run(command, check=True, capture_output=True, text=True, timeout=120)
+    report = json.loads(out.stdout)
+    assert report["left_queued_inflight"] == {"queued": 0, "inflight": 0}, report
+    for phase in ("enqueue", "lease", "ack"):
+        assert report[phase]["requests"] == 200, report
+        assert report[phase]["script_us"] > 0, report
