@@ -34,8 +34,8 @@ from tests.integration.crawlproc import (
 from tests.integration.test_politeness_groups_e2e import (
     CLOCK_SLACK,
     FAST_RECOVERY,
-    _every_page_fetched_by_both,
-    _smallest_gaps,
+    _assert_polite,
+    _run_both,
     _two_crawls,
 )
 
@@ -70,13 +70,8 @@ def test_two_crawls_of_one_group_on_a_cluster_keep_every_hosts_delay_with_no_ove
     fleet = _fleet(project_dir, worker_log_dir, cluster.url, f"groups-{shards}")
     first, second = _two_crawls(fleet, site, DOWNLOAD_DELAY=delay, REDISSPINE_SHARDS=shards,
                                 REDISSPINE_POLITENESS_GROUP=group)
-    workers = fleet.start(3, first, log="a") + fleet.start(3, second, log="b")
-    results = wait_workers(workers, timeout=180)
-    assert_finished(results)
-    _every_page_fetched_by_both(site)
-    for host, gap in _smallest_gaps(site).items():
-        assert gap >= -CLOCK_SLACK, f"{host}: two fetches overlapped"
-        assert gap >= delay - CLOCK_SLACK, f"{host}: gap {gap:.3f} s < {delay} s"
+    _, gaps = _run_both(fleet, site, first, second, timeout=180)
+    _assert_polite(gaps, delay)
     # Where the keys are: each crawl's frontier beside the group's budget keys.
     client = client_from_url(cluster.url)
     for settings in (first, second):
@@ -104,10 +99,8 @@ def test_two_crawls_of_different_groups_on_a_cluster_do_not_share_a_budget(
     first, second = _two_crawls(fleet, site, DOWNLOAD_DELAY=delay,
                                 REDISSPINE_POLITENESS_GROUP="apart-a")
     second["REDISSPINE_POLITENESS_GROUP"] = "apart-b"
-    workers = fleet.start(3, first, log="a") + fleet.start(3, second, log="b")
-    assert_finished(wait_workers(workers, timeout=180))
-    _every_page_fetched_by_both(site)
-    assert min(_smallest_gaps(site).values()) < delay - CLOCK_SLACK
+    _, gaps = _run_both(fleet, site, first, second, timeout=180)
+    assert min(gaps.values()) < delay - CLOCK_SLACK
 
 
 def test_a_crawl_whose_only_worker_died_is_swept_by_the_other_crawl_on_a_cluster(

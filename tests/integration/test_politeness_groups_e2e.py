@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
     from scrapy_redisspine.testing.site import TestSite
     from tests.conftest import SiteFactory
-    from tests.integration.crawlproc import Fleet
+    from tests.integration.crawlproc import Fleet, WorkerResult
 
 pytestmark = pytest.mark.e2e
 
@@ -65,19 +65,33 @@ def _every_page_fetched_by_both(site: TestSite) -> None:
     assert min(fetched.values()) >= 2, "each crawl fetches every page once (own dedup)"
 
 
+def _run_both(
+    fleet: Fleet, site: TestSite, first: dict[str, Any], second: dict[str, Any],
+    timeout: float = 120,
+) -> tuple[list[WorkerResult], dict[str, float]]:
+    """Three workers of each crawl to their end, every one ``finished`` and every page
+    fetched by both crawls: the results, and each host's smallest gap."""
+    workers = fleet.start(3, first, log="a") + fleet.start(3, second, log="b")
+    results = wait_workers(workers, timeout=timeout)
+    assert_finished(results)
+    _every_page_fetched_by_both(site)
+    return results, _smallest_gaps(site)
+
+
+def _assert_polite(gaps: dict[str, float], delay: float) -> None:
+    for host, gap in gaps.items():
+        assert gap >= -CLOCK_SLACK, f"{host}: two fetches overlapped"
+        assert gap >= delay - CLOCK_SLACK, f"{host}: gap {gap:.3f} s < {delay} s"
+
+
 def test_two_crawls_of_one_group_keep_every_hosts_delay_with_no_overlap(
     fleet: Fleet, site_factory: SiteFactory
 ) -> None:
     delay = 0.3
     site = site_factory(hosts=3, pages_per_host=6, fanout=3, latency=0.05)
     first, second = _two_crawls(fleet, site, DOWNLOAD_DELAY=delay)
-    workers = fleet.start(3, first, log="a") + fleet.start(3, second, log="b")
-    results = wait_workers(workers, timeout=120)
-    assert_finished(results)
-    _every_page_fetched_by_both(site)
-    for host, gap in _smallest_gaps(site).items():
-        assert gap >= -CLOCK_SLACK, f"{host}: two fetches overlapped"
-        assert gap >= delay - CLOCK_SLACK, f"{host}: gap {gap:.3f} s < {delay} s"
+    results, gaps = _run_both(fleet, site, first, second)
+    _assert_polite(gaps, delay)
     assert all(r.stats.get("downloader/request_count", 0) > 0 for r in results)
 
 
@@ -89,10 +103,8 @@ def test_two_crawls_of_different_groups_do_not_share_a_budget(
     site = site_factory(hosts=3, pages_per_host=6, fanout=3, latency=0.05)
     first, second = _two_crawls(fleet, site, DOWNLOAD_DELAY=delay)
     second["REDISSPINE_POLITENESS_GROUP"] = "elsewhere"
-    workers = fleet.start(3, first, log="a") + fleet.start(3, second, log="b")
-    assert_finished(wait_workers(workers, timeout=120))
-    _every_page_fetched_by_both(site)
-    assert min(_smallest_gaps(site).values()) < delay - CLOCK_SLACK
+    _, gaps = _run_both(fleet, site, first, second)
+    assert min(gaps.values()) < delay - CLOCK_SLACK
 
 
 def test_a_killed_worker_of_one_crawl_does_not_wedge_the_shared_lane(
