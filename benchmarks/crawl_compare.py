@@ -26,7 +26,10 @@ fetch ended), pages/s over both, Redis round trips per page counted client-side 
 scripts are not round trips), Redis commands executed per page (``INFO stats``
 ``total_commands_processed`` delta: includes the ones inside scripts), ``EVALSHA``
 calls per page (``INFO commandstats``), and CPU seconds per page of the workers and of
-redis-server (``INFO cpu`` delta).
+redis-server (``INFO cpu`` delta). The workers' CPU is also split (in ``--json`` and
+the per-run lines): the start-up's share (before the engine opened the spider) and
+each thread's (the crawl's loop is ``MainThread``, the spine's Redis threads
+``redisspine-redis`` and ``redisspine-upkeep``), so a difference can be placed.
 
 Fairness: plain Scrapy allows ``CONCURRENT_REQUESTS_PER_DOMAIN`` (8 in the test
 project) requests per host at once; the spine enforces its own fleet-wide limit, so
@@ -130,6 +133,35 @@ def behind_proxy(
     return proxy, proxy.url, proxy.measured_rtt_ms()
 
 
+def _worker_reports(tmp: Path, k: int, mode: str) -> dict[str, Any]:
+    """The workers' finish reasons and ``_worker.py`` reports, summed: round trips,
+    CPU seconds, start-up CPU (before the engine opened the spider) and CPU per
+    thread name (``(rest)``: threads still running at exit)."""
+    reasons, round_trips, worker_cpu, startup_cpu = [], 0, 0.0, 0.0
+    thread_cpu: dict[str, float] = {}
+    for index in range(k):
+        stats = parse_stats((tmp / f"w{index}.log").read_text(errors="replace"))
+        reasons.append(stats.get("finish_reason"))
+        report_path = tmp / f"w{index}.json"
+        if report_path.exists():
+            report = json.loads(report_path.read_text())
+            round_trips += report["round_trips"]
+            worker_cpu += report["cpu"]
+            startup_cpu += report.get("startup_cpu") or 0.0
+            threads = report.get("thread_cpu", {})
+            for name, seconds in threads.items():
+                thread_cpu[name] = thread_cpu.get(name, 0.0) + seconds
+            thread_cpu["(rest)"] = (thread_cpu.get("(rest)", 0.0) + report["cpu"]
+                                    - sum(threads.values()))
+        if stats.get("finish_reason") != "finished":
+            tail = (tmp / f"w{index}.out").read_text(errors="replace")[-1500:]
+            print(f"  {mode} worker {index}: finish_reason "
+                  f"{stats.get('finish_reason')!r}\n{tail}", flush=True)
+    return {"finished": all(reason == "finished" for reason in reasons),
+            "round_trips": round_trips, "cpu": worker_cpu, "startup_cpu": startup_cpu,
+            "thread_cpu": thread_cpu}
+
+
 def one_run(mode: str, args: argparse.Namespace, run_id: str, rtt_ms: float) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp_name, RedisServer() as server, \
             TestSite(hosts=args.hosts, pages_per_host=args.pages, fanout=args.fanout,
@@ -167,19 +199,7 @@ def one_run(mode: str, args: argparse.Namespace, run_id: str, rtt_ms: float) -> 
         finally:
             if proxy:
                 proxy.stop()
-        reasons, round_trips, worker_cpu = [], 0, 0.0
-        for index in range(k):
-            stats = parse_stats((tmp / f"w{index}.log").read_text(errors="replace"))
-            reasons.append(stats.get("finish_reason"))
-            report_path = tmp / f"w{index}.json"
-            if report_path.exists():
-                report = json.loads(report_path.read_text())
-                round_trips += report["round_trips"]
-                worker_cpu += report["cpu"]
-            if stats.get("finish_reason") != "finished":
-                tail = (tmp / f"w{index}.out").read_text(errors="replace")[-1500:]
-                print(f"  {mode} worker {index}: finish_reason "
-                      f"{stats.get('finish_reason')!r}\n{tail}", flush=True)
+        reports = _worker_reports(tmp, k, mode)
         records = [r for r in site.requests()
                    if r.get("page") and r["method"] == "GET" and r["status"] == 200
                    and "error" not in r]
@@ -195,7 +215,7 @@ def one_run(mode: str, args: argparse.Namespace, run_id: str, rtt_ms: float) -> 
             "mode": mode + (f"@{rtt_ms:g}ms" if rtt_ms else ""),
             "workers": k,
             "measured_rtt_ms": measured_rtt,
-            "finished": all(reason == "finished" for reason in reasons),
+            "finished": reports["finished"],
             "expected": len(expected),
             "pages": pages,
             "duplicates": pages - len(fetched),
@@ -204,10 +224,14 @@ def one_run(mode: str, args: argparse.Namespace, run_id: str, rtt_ms: float) -> 
             "span_s": span,
             "pages_per_s_wall": len(fetched) / wall,
             "pages_per_s_span": len(fetched) / span,
-            "round_trips_per_page": round_trips / per_page,
+            "round_trips_per_page": reports["round_trips"] / per_page,
             "redis_commands_per_page": commands / per_page,
             "evalsha_per_page": (after["evalsha"] - before["evalsha"]) / per_page,
-            "worker_cpu_ms_per_page": 1000 * worker_cpu / per_page,
+            "worker_cpu_ms_per_page": 1000 * reports["cpu"] / per_page,
+            "worker_startup_cpu_s": reports["startup_cpu"],
+            "worker_thread_cpu_ms_per_page": {
+                name: round(1000 * seconds / per_page, 3)
+                for name, seconds in reports["thread_cpu"].items()},
             "redis_cpu_ms_per_page": 1000 * (after["cpu"] - before["cpu"]) / per_page,
         }
 
