@@ -104,6 +104,7 @@ class FleetMember:
         self.shed = 0  # requests dropped fleet-wide for lack of Redis memory
         self.checked_at = float("-inf")  # clock time of the last count
         self._primary: tuple[str, int] | None = None  # Sentinel's primary, last seen
+        self._server = ""  # the server's run id, as the last heartbeat said
         self._sentinel_failing = False  # a heartbeat's question to the sentinels failed
         self._heartbeat = Periodic("heartbeat", self.heartbeat, heartbeat_seconds, clock, stats)
 
@@ -204,6 +205,17 @@ class FleetMember:
         self._wake()
         return True
 
+    def _server_seen(self, server: str) -> None:
+        """The heartbeat's server run id ("" : none given). A new one: the guard has
+        the leases reconciled, and a lease comes soon (it reconciles first)."""
+        if not server:
+            return
+        old, self._server = self._server, server
+        if old and old != server:
+            self._guard.server_changed(old, server)
+            self.pending = True
+            self._wake()
+
     def _asked_sentinels(self, primary: tuple[str, int] | Exception | None) -> None:
         """A heartbeat's answer from the sentinels: a failure is logged once until they
         answer again, and counted; it stops nothing (the primary may be fine, and a
@@ -259,6 +271,7 @@ class FleetMember:
             return
         self._start_noted = not starting
         self.queued = beat.queued
+        self._server_seen(beat.server)
         if beat.status == "swept":
             self._fenced()
         elif beat.late_ms > self._timeout_ms:

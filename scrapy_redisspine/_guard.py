@@ -15,7 +15,8 @@ it calls, so one rule decides for all of them:
   lease reply lost in flight, a script that failed after it wrote, a restart that
   lost the last acks), so the next lease first reconciles them
   (``reconcile_needed``); so it does after a Sentinel failover, which may raise
-  nothing at all (``primary_changed``).
+  nothing at all (``primary_changed``), and after a restart or a takeover that the
+  heartbeat sees as a new run id of the server (``server_changed``).
 
 Scrapy-free: the scheduler, the extension and tools share it through the worker's
 view (see ``scheduler.WorkerView``).
@@ -106,6 +107,10 @@ class RedisGuard:
         #: worker's any more (lost, purged, started afresh): nothing may write again.
         self.crawl_gone: str | None = None
         self.on_crawl_gone: Callable[[str], None] | None = None
+        #: Counts the events after which Redis may lack writes it confirmed (any
+        #: error but a full Redis's refusal, a change of primary): what the worker
+        #: remembers of Redis's replies (``_seen``) holds only within one era.
+        self.era = 0
 
     # -- the breaker ---------------------------------------------------------------
 
@@ -146,6 +151,7 @@ class RedisGuard:
             self.memory_pressure = True  # the memory watch clears it below LOW_WATER
             return
         self.reconcile_needed = True
+        self.era += 1
         gone = crawl_gone_status(exc)
         if gone is not None:
             self._gone(gone)
@@ -206,11 +212,26 @@ class RedisGuard:
         leases for it that it acked on the old one. Reconcile before the next lease,
         as after an outage."""
         self.reconcile_needed = True
+        self.era += 1
         self._stats.inc_value("redisspine/redis/primary_changes")
         logger.warning(
             "redisspine: Sentinel names a new primary, %s:%d (was %s:%d): moving to it and "
             "reconciling this worker's leases with it (see redisspine/redis/primary_changes)",
             *new, *old,
+        )
+
+    def server_changed(self, old: str, new: str) -> None:
+        """The server's run id changed: Redis restarted (from a snapshot that may
+        predate its last writes) or another server took over, possibly without any
+        error reaching this worker (redis-py reconnects on its own). Reconcile before
+        the next lease, as after an outage, and start a new era."""
+        self.reconcile_needed = True
+        self.era += 1
+        self._stats.inc_value("redisspine/redis/server_changes")
+        logger.warning(
+            "redisspine: Redis restarted or another server took over (run id %s, was %s): "
+            "its last writes may be lost, so this worker reconciles its leases with it "
+            "(see redisspine/redis/server_changes)", new[:12], old[:12],
         )
 
     # -- the memory watch ------------------------------------------------------------

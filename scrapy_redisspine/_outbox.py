@@ -6,7 +6,8 @@ trip as the next lease (see ``_leasing``), else when the buffer is full or its t
 fires. So do the request's items (``REDISSPINE_ITEMS``): they ride with its ack and
 enter the items stream only if Redis applies that ack. Requests that went in are
 kept as objects for a while (``REDISSPINE_LOCAL_REQUEST_CACHE``), so that leasing
-them back skips decoding.
+them back skips decoding; the fingerprints Redis confirmed go to ``_seen``
+(``REDISSPINE_LOCAL_DEDUP_CACHE``), so that a repeat is not sent again.
 
 Scrapy-free: requests are only held, never built or inspected here.
 """
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     from scrapy_redisspine._clock import Clock, DelayedCall
     from scrapy_redisspine._guard import RedisGuard
     from scrapy_redisspine._redis_io import RedisIO
+    from scrapy_redisspine._seen import ConfirmedSeen
     from scrapy_redisspine.frontier import (
         Ack,
         EnqueueResult,
@@ -89,6 +91,9 @@ class Sending:
     loose: list[StreamItem]
     #: requests shed that the fleet is told of first (``add_shed``), before the acks
     shed: int = 0
+    #: the guard's era when the send was made (``_seen``: replies of an earlier era
+    #: are not remembered)
+    era: int = 0
 
     @property
     def carries(self) -> bool:
@@ -117,11 +122,13 @@ class Outbox:
         on_duplicate: Callable[[Request], None],
         on_dropped: Callable[[Request], None],
         io: RedisIO | None = None,
+        seen: ConfirmedSeen | None = None,
     ) -> None:
         """``on_duplicate`` and ``on_dropped`` hear of the requests Redis did not
         queue (a duplicate, a lane at its backlog cap): the scheduler had said yes
         to them before the batch went out. ``io`` runs the sends (by default at once,
-        on the caller's thread)."""
+        on the caller's thread). ``seen`` learns the fingerprints Redis confirmed
+        (queued, or a duplicate), for the scheduler to drop repeats before sending."""
         self._frontier = frontier
         self._io: RedisIO = io or InlineIO(stats)
         # A send on its way (its buffers stay here until Redis took them): no second
@@ -135,6 +142,7 @@ class Outbox:
         self._on_sent = on_sent
         self._on_duplicate = on_duplicate
         self._on_dropped = on_dropped
+        self._seen = seen
         self._requests: list[tuple[NewRequest, Request]] = []
         self._acks: list[PendingAck] = []
         self._ack_items: list[tuple[StreamItem, ...]] = []  # one per ack
@@ -309,7 +317,8 @@ class Outbox:
         requests, acks = list(self._requests), [] if self._holds else list(self._acks)
         items = list(self._ack_items) if self._items_waiting and acks else []  # one per ack
         return Sending(requests, acks, [entry for entry, _ in requests],
-                       ack_args(acks, self._clock.seconds()), items, list(self._loose))
+                       ack_args(acks, self._clock.seconds()), items, list(self._loose),
+                       era=self._guard.era)
 
     def begin_send(self) -> Sending:
         """Take the buffers for a send that may be answered later, with the shed
@@ -319,7 +328,7 @@ class Outbox:
         if self._shed_unreported:
             sending = Sending(sending.requests, sending.acks, sending.entries,
                               sending.ack_args, sending.items, sending.loose,
-                              shed=self._shed_unreported)
+                              shed=self._shed_unreported, era=sending.era)
             self._shed_unreported = 0
         self._in_flight = True
         return sending
@@ -426,19 +435,7 @@ class Outbox:
         if enqueued:
             stats.inc_value("scheduler/enqueued/redis", enqueued)
             stats.inc_value("scheduler/enqueued", enqueued)
-        for (entry, request), status in zip(sending.requests, result.statuses, strict=False):
-            if status == "+":
-                if self._cache_size:
-                    self._keep_local(entry.payload, request)
-            elif status == "d":
-                self._on_duplicate(request)
-                self._on_dropped(request)
-            elif status == "c":
-                stats.inc_value("redisspine/scheduler/backlog_capped")
-                self._on_dropped(request)
-            else:  # a start request the crawl already has: not queued by this one
-                stats.inc_value("redisspine/scheduler/start_requests_skipped")
-                self._on_dropped(request)
+        self._record_statuses(sending, result)
         if result.items_written:
             stats.inc_value("redisspine/items/stored", result.items_written)
         if result.items_shed:
@@ -454,6 +451,29 @@ class Outbox:
             stats.inc_value("redisspine/scheduler/ack_refused", sent - result.acked)
             logger.warning("redisspine: %d ack(s) refused: lease no longer ours",
                            sent - result.acked)
+
+    def _record_statuses(self, sending: Sending, result: EnqueueResult) -> None:
+        """Each request's fate: kept locally, confirmed as seen, or dropped."""
+        stats = self._stats
+        confirmed: list[bytes] = []
+        for (entry, request), status in zip(sending.requests, result.statuses, strict=False):
+            if status == "+":
+                if self._cache_size:
+                    self._keep_local(entry.payload, request)
+                if not (entry.dont_filter or entry.is_start):
+                    confirmed.append(entry.fingerprint)
+            elif status == "d":
+                confirmed.append(entry.fingerprint)  # (only filtered requests are "d")
+                self._on_duplicate(request)
+                self._on_dropped(request)
+            elif status == "c":
+                stats.inc_value("redisspine/scheduler/backlog_capped")
+                self._on_dropped(request)
+            else:  # a start request the crawl already has: not queued by this one
+                stats.inc_value("redisspine/scheduler/start_requests_skipped")
+                self._on_dropped(request)
+        if self._seen is not None and confirmed:
+            self._seen.confirm(confirmed, sending.era)
 
     def _keep_local(self, payload: bytes, request: Request) -> None:
         local = self._local

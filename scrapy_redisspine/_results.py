@@ -179,11 +179,13 @@ class Heartbeat:
     """A heartbeat's answer (``scripts/heartbeat.lua``): ``status`` is ``ok``,
     ``swept`` (a sweep took this worker for dead), ``lost``, ``purged`` or ``changed``
     (the crawl's state is gone); ``late_ms``: since the previous heartbeat;
-    ``queued``: requests queued fleet-wide."""
+    ``queued``: requests queued fleet-wide; ``server``: the server's run id ("": none
+    given), which changes when Redis restarts or another server takes over."""
 
     status: str
     late_ms: int = 0
     queued: int = 0  # requests queued fleet-wide
+    server: str = ""
 
     @property
     def crawl_gone(self) -> bool:
@@ -314,8 +316,8 @@ def registration(reply: Any) -> Registration:
 
 
 def heartbeat(reply: Any) -> Heartbeat:
-    status, late_ms, queued = fields(reply, 3)
-    return Heartbeat(text(status) or "lost", number(late_ms), number(queued))
+    status, late_ms, queued, server = fields(reply, 4)
+    return Heartbeat(text(status) or "lost", number(late_ms), number(queued), text(server))
 
 
 def fleet_counts(reply: Any) -> FleetCounts:

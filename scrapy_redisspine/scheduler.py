@@ -52,6 +52,7 @@ from scrapy_redisspine._local import LocalQueue
 from scrapy_redisspine._outbox import Outbox
 from scrapy_redisspine._redis_io import InlineIO, RedisIO, ThreadIO
 from scrapy_redisspine._refusal import Refusal
+from scrapy_redisspine._seen import ConfirmedSeen
 from scrapy_redisspine._settings_compat import notices
 from scrapy_redisspine._starts import StartRegistry
 from scrapy_redisspine.dedup import DedupConfigError
@@ -204,11 +205,17 @@ class Scheduler(BaseScheduler):
             ip_lanes=scrapy_ip_lanes(stats) if config.politeness_key == "ip" else None,
             clock=clock, io=self.upkeep_io,
         )
+        guard = self.guard
+        # Not for a sharded crawl: its shards' servers may restart or fail over
+        # unseen by the heartbeat, which asks the crawl-wide keys' server only.
+        self.seen = (ConfirmedSeen(config.local_dedup_cache, lambda: guard.era)
+                     if config.local_dedup_cache and self._remote_dedup and config.shards == 1
+                     else None)
         self.outbox = Outbox(
             self.frontier, self.guard, stats, clock,
             batch_size=config.enqueue_batch_size, cache_size=config.local_request_cache,
             on_sent=self._on_sent, on_duplicate=lambda request: self.df.log(request, spider),
-            on_dropped=self._dropped, io=self.io,
+            on_dropped=self._dropped, io=self.io, seen=self.seen,
         )
         self.fleet = FleetMember(
             frontier=self.frontier, guard=self.guard, book=self.book, engine=self.engine,
@@ -302,6 +309,16 @@ class Scheduler(BaseScheduler):
         if not self._remote_dedup and not request.dont_filter and self.df.request_seen(request):
             self.df.log(request, self.spider)  # type: ignore[arg-type]
             return False
+        is_start = self.starts.is_start(request)
+        fingerprint = b""
+        if is_start or (self._remote_dedup and not request.dont_filter):
+            fingerprint = self._fingerprint(request)
+            if not is_start and self.seen is not None and fingerprint in self.seen:
+                # Redis said so already: dropped here, as Scrapy's scheduler drops a
+                # duplicate (its engine sends request_dropped).
+                self.stats.inc_value("redisspine/dedup/local_hits")
+                self.df.log(request, self.spider)  # type: ignore[arg-type]
+                return False
         try:
             payload = self.codec.encode(request)
         except RequestEncodeError as exc:
@@ -312,13 +329,9 @@ class Scheduler(BaseScheduler):
                            str(exc))
             self.wake()
             return True
-        is_start = self.starts.is_start(request)
         if self.guard.memory_pressure and not (is_start or request.dont_filter):
             self.outbox.shed(request)
             return False
-        fingerprint = b""
-        if is_start or (self._remote_dedup and not request.dont_filter):
-            fingerprint = self._fingerprint(request)
         if is_start and (request.dont_filter or not self._remote_dedup):
             # identical start requests are all fetched (as in Scrapy), each once per crawl
             fingerprint = self.starts.start_key(fingerprint)

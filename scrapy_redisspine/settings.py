@@ -138,6 +138,15 @@ SETTINGS: tuple[Setting, ...] = (
             "Requests this worker queued that it keeps as objects, so that leasing "
             "one of them back skips decoding it (the usual case with one worker). "
             "The oldest go first when it is full; `0` turns it off."),
+    Setting("REDISSPINE_LOCAL_DEDUP_CACHE", 100_000, as_number, (int, 0),
+            "Fingerprints that Redis told this worker are in the crawl's dedup record "
+            "(a request it queued, or refused as a duplicate), kept so that a repeat "
+            "is dropped at once, as Scrapy's own dupefilter does, instead of being "
+            "encoded and sent (most links a crawl finds are repeats). Start and "
+            "`dont_filter` requests always go to Redis. Forgotten after any Redis "
+            "error, change of primary, restart or takeover (Redis may have lost those "
+            "writes). Not used with `REDISSPINE_SHARDS` > 1. About 100 bytes each; `0` "
+            "turns it off."),
     Setting("REDISSPINE_IDLE_POLL_SECONDS", 0.1, as_number, (float, 0.01),
             "How often a worker with nothing to do asks Redis for work: bounds both "
             "its pick-up latency and its idle load on Redis."),
@@ -338,6 +347,7 @@ class SpineConfig:
     enqueue_flush_seconds: float
     ack_flush_seconds: float
     local_request_cache: int
+    local_dedup_cache: int
     idle_poll_seconds: float
     redis_thread: bool
     redis_timeout_seconds: float

@@ -13,8 +13,11 @@ ARGV[1]  worker    worker id
 ARGV[2]  epoch     the crawl's epoch, as the worker learned it at registration
 ARGV[3]  starting  "1" while this worker's spider still produces start requests
 
-Returns { status, late_ms, queued }:
+Returns { status, late_ms, queued, server }:
   queued is the number of requests queued fleet-wide (0 unless "ok" or "swept").
+  server is the server's run id (INFO server; "" where a server gives none): a new one
+  means Redis restarted or another server took over, which may have lost writes it
+  had confirmed (the worker reconciles, see _guard.server_changed).
   "ok"       the worker's entry was there; late_ms is how long ago its previous
              heartbeat was (a worker paused or cut off past the timeout whose
              leases nobody swept yet is late, not dead)
@@ -32,8 +35,10 @@ local workers, record, starting, queue = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local worker, epoch, still_starting = ARGV[1], ARGV[2], ARGV[3]
 local status = crawl_status(record, epoch)
 if status ~= "ok" then
-    return { status, 0, 0 }
+    return { status, 0, 0, "" }
 end
+local info = redis.pcall("INFO", "server")
+local server = type(info) == "string" and string.match(info, "run_id:(%w+)") or ""
 local now_ms = clock_ms()
 -- ZREM first (not denyoom): Redis checks maxmemory only before a script's first
 -- write, and a heartbeat of a few bytes must not fail on a full Redis, or live
@@ -49,6 +54,7 @@ end
 -- A sweep that took only part of a dead worker's leases (it hit its limit) leaves
 -- the worker's score at 0, so that it is swept again and learns it here.
 if not previous or tonumber(previous) == 0 then
-    return { "swept", 0, redis.call("ZCARD", queue) }
+    return { "swept", 0, redis.call("ZCARD", queue), server }
 end
-return { "ok", math.max(now_ms - (tonumber(previous) or now_ms), 0), redis.call("ZCARD", queue) }
+return { "ok", math.max(now_ms - (tonumber(previous) or now_ms), 0), redis.call("ZCARD", queue),
+         server }

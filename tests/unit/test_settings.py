@@ -46,6 +46,7 @@ def test_defaults() -> None:
         "enqueue_flush_seconds": 0.05,
         "ack_flush_seconds": 0.05,
         "local_request_cache": 10_000,
+        "local_dedup_cache": 100_000,
         "idle_poll_seconds": 0.1,
         "redis_thread": True,
         "redis_timeout_seconds": 5.0,
