@@ -183,44 +183,43 @@ def snapshot_server(tmp_path: Any) -> Iterator[RedisServer]:
     server.stop()
 
 
+@pytest.fixture
+def on_snapshot_server(snapshot_server: RedisServer, clock: task.Clock) -> Iterator[Scheduler]:
+    """An opened scheduler on ``snapshot_server``, closed after the test."""
+    scheduler = build_scheduler(snapshot_server.url, clock)
+    scheduler.open(SchedSpider())
+    yield scheduler
+    scheduler.close("shutdown")
+
+
 def test_a_restart_from_an_older_snapshot_forgets_and_the_request_goes_in_again(
-    snapshot_server: RedisServer, clock: task.Clock
+    snapshot_server: RedisServer, on_snapshot_server: Scheduler
 ) -> None:
-    scheduler = build_scheduler(snapshot_server.url, clock)
-    scheduler.open(SchedSpider())
-    try:
-        client = snapshot_server.client()
-        client.save()  # the crawl's record, and nothing queued
-        assert scheduler.enqueue_request(Request("http://example.com/a"))
-        assert scheduler.outbox.try_flush()
-        assert scheduler.enqueue_request(Request("http://example.com/a")) is False
-        scheduler.fleet.heartbeat()  # learns the server's run id
-        snapshot_server.kill()
-        snapshot_server.start()  # from the snapshot: /a and its fingerprint are gone
-        assert int(client.zcard(KEYS.queue)) == 0
-        scheduler.fleet.heartbeat()  # redis-py reconnects without an error
-        assert _stat(scheduler, "redisspine/redis/server_changes") == 1
-        assert scheduler.guard.reconcile_needed
-        assert scheduler.enqueue_request(Request("http://example.com/a")), "asked again"
-        assert scheduler.outbox.try_flush()
-        assert int(client.zcard(KEYS.queue)) == 1, "the lost request is queued again"
-        assert [r.url for r in drain(scheduler)] == ["http://example.com/a"]
-        client.close()
-    finally:
-        scheduler.close("shutdown")
+    scheduler = on_snapshot_server
+    client = snapshot_server.client()
+    client.save()  # the crawl's record, and nothing queued
+    assert scheduler.enqueue_request(Request("http://example.com/a"))
+    assert scheduler.outbox.try_flush()
+    assert scheduler.enqueue_request(Request("http://example.com/a")) is False
+    scheduler.fleet.heartbeat()  # learns the server's run id
+    snapshot_server.kill()
+    snapshot_server.start()  # from the snapshot: /a and its fingerprint are gone
+    assert int(client.zcard(KEYS.queue)) == 0
+    scheduler.fleet.heartbeat()  # redis-py reconnects without an error
+    assert _stat(scheduler, "redisspine/redis/server_changes") == 1
+    assert scheduler.guard.reconcile_needed
+    assert scheduler.enqueue_request(Request("http://example.com/a")), "asked again"
+    assert scheduler.outbox.try_flush()
+    assert int(client.zcard(KEYS.queue)) == 1, "the lost request is queued again"
+    assert [r.url for r in drain(scheduler)] == ["http://example.com/a"]
+    client.close()
 
 
-def test_heartbeats_of_the_same_server_keep_the_memory(
-    snapshot_server: RedisServer, clock: task.Clock
-) -> None:
-    scheduler = build_scheduler(snapshot_server.url, clock)
-    scheduler.open(SchedSpider())
-    try:
-        assert scheduler.enqueue_request(Request("http://example.com/a"))
-        assert scheduler.outbox.try_flush()
-        for _ in range(3):
-            scheduler.fleet.heartbeat()
-        assert _stat(scheduler, "redisspine/redis/server_changes") is None
-        assert scheduler.enqueue_request(Request("http://example.com/a")) is False
-    finally:
-        scheduler.close("shutdown")
+def test_heartbeats_of_the_same_server_keep_the_memory(on_snapshot_server: Scheduler) -> None:
+    scheduler = on_snapshot_server
+    assert scheduler.enqueue_request(Request("http://example.com/a"))
+    assert scheduler.outbox.try_flush()
+    for _ in range(3):
+        scheduler.fleet.heartbeat()
+    assert _stat(scheduler, "redisspine/redis/server_changes") is None
+    assert scheduler.enqueue_request(Request("http://example.com/a")) is False
