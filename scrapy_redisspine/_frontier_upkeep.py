@@ -24,7 +24,12 @@ from scrapy_redisspine._results import (
 )
 from scrapy_redisspine.connection import routed_to
 from scrapy_redisspine.control import record_progress
-from scrapy_redisspine.members import split_member
+from scrapy_redisspine.members import (
+    execute_reading_counts,
+    queue_size,
+    read_queue_size,
+    split_member,
+)
 from scrapy_redisspine.scripts import ScriptSet
 
 if TYPE_CHECKING:
@@ -245,10 +250,10 @@ class FrontierUpkeep:
     def counts(self) -> tuple[int, int]:
         """(queued, in flight) fleet-wide, in one round trip."""
         pipe = self.client.pipeline(transaction=False)
-        pipe.zcard(self.keys.queue)
+        counts_at = read_queue_size(pipe, self.keys.queue, self.keys.queue_counts)
         pipe.hlen(self.keys.inflight)
-        queued, inflight = pipe.execute()
-        return int(queued), int(inflight)
+        zcard, listed, inflight = execute_reading_counts(pipe, (counts_at,))
+        return queue_size(zcard, listed), int(inflight)
 
     def fleet_stats(self) -> dict[str, int]:
         """The crawl's fleet-wide counters (a small HASH of a dozen fields); a field

@@ -15,6 +15,7 @@ from scrapy_redisspine._results import number as stored_number
 from scrapy_redisspine.cli_output import print_dead_letters, render_status
 from scrapy_redisspine.connection import describe_url
 from scrapy_redisspine.keys import CrawlKeys
+from scrapy_redisspine.members import execute_reading_counts, queue_size, read_queue_size
 from scrapy_redisspine.status import list_crawls, read_status
 from scrapy_redisspine.status_eta import LanePace
 
@@ -229,19 +230,22 @@ def cmd_list(ctx: CommandContext, args: argparse.Namespace) -> int:
     layouts = [replace(keys, shards=stored_number(shards, 1))
                for keys, shards in zip(named.values(), pipe.execute(), strict=True)]
     pipe = ctx.client.pipeline(transaction=False)  # one round trip for every crawl
+    counts_at: list[int] = []
     for keys in layouts:
         views = keys.shard_views()
         for view in views:
-            pipe.zcard(view.queue)
+            counts_at.append(read_queue_size(pipe, view.queue, view.queue_counts))
             pipe.hlen(view.inflight)
         pipe.zcard(keys.workers)
-    replies = pipe.execute()
+    replies = execute_reading_counts(pipe, set(counts_at))
     at = 0
     for keys in layouts:
-        counts = replies[at:at + 2 * keys.shards]
-        workers = replies[at + 2 * keys.shards]
-        at += 2 * keys.shards + 1
-        queued, inflight = sum(counts[0::2]), sum(counts[1::2])
+        counts = replies[at:at + 3 * keys.shards]
+        workers = replies[at + 3 * keys.shards]
+        at += 3 * keys.shards + 1
+        queued = sum(queue_size(zcard, listed)
+                     for zcard, listed in zip(counts[0::3], counts[1::3], strict=True))
+        inflight = sum(counts[2::3])
         sharded = f"\t{keys.shards} shards" if keys.shards > 1 else ""
         print(f"{keys.crawl_id}\t{queued} queued\t{inflight} in flight\t{workers} "
               f"worker(s){sharded}")

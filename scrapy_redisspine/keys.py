@@ -16,6 +16,8 @@ Key map (``P`` is the prefix, ``C`` the crawl id, ``G`` the politeness group):
 key                        type    written by                      lifetime
 =========================  ======  ==============================  =====================
 ``P:{C}:queue``            ZSET    enqueue, release (scripts)      until leased
+``P:{C}:queue:<entry>``    LIST    enqueue, lease (scripts)        until leased
+``P:{C}:queue#n``          HASH    enqueue, lease (scripts)        whole crawl
 ``P:{C}:hosts``            ZSET    enqueue, lease, ack (scripts)   while a lane has work
 ``P:{C}:busy``             HASH    lease, ack, release (scripts)   while a lane has leases
 ``P:{C}:backlog``          HASH    enqueue, lease (scripts)        while a lane has work
@@ -55,7 +57,20 @@ key                        type    written by                      lifetime
   members queued by earlier versions, still read: ``members.py``), 15-digit order key,
   serialized request (``compact.py``: its URL, then its callback and a map of the
   rest). A lex range holds one lane's requests: highest priority first, then FIFO (or
-  LIFO, with complemented order keys).
+  LIFO, with complemented order keys). From a lane's 4th queued request on, new
+  requests do not become members: they wait in a LIST per lane, priority and order
+  (``queue:<entry>``, payloads only, in arrival order), and the queue holds the
+  list's index entry, ``lane \\0 pk ~`` (FIFO: sorted after the members of its
+  priority, which are older or put back) or ``lane \\0 pk !`` (LIFO: before them).
+  A request gets its order key and its member when it is leased
+  (``scripts/lib/lists.lua``): a queued request costs its payload and 2-3 bytes
+  instead of a ZSET member's ~95 bytes of structure, and the lane and priority once
+  per list (issue 19); a lane of one to three requests keeps members, cheaper than a
+  key of its own. These lists' names and ``queue#n`` (fields ``requests`` in lists,
+  ``lists``, so queued = ZCARD - lists + requests) are the two names derived from
+  another key: in ``lists.lua`` and here only (:meth:`CrawlKeys.queue_list`),
+  because a lease cannot know a lane's lists before it picks the lane. They carry
+  the queue's hash tag, so they live in its slot.
 - ``hosts``: lane -> time (ms) it may next be leased; holds the lanes with queued
   requests and a free slot of this crawl's own. The time may be early: another crawl
   of the group may have fetched the lane since, or hold its slots; the lease checks
@@ -198,8 +213,8 @@ REGISTRY_KEY_NAMES = ("crawls", "group_crawls", "group_shards", "crawl_groups")
 #: decides its shard, so dedup per shard is exact). Every other key of a crawl is
 #: crawl-wide and keeps the crawl's own tag.
 SHARD_KEY_NAMES = (
-    "queue", "hosts", "busy", "backlog", "inflight", "leases", "owned", "requeues", "seq",
-    "seen", "starts", "dedup", "bloom", "dead", "stats", "lane_pages", "items",
+    "queue", "queue_counts", "hosts", "busy", "backlog", "inflight", "leases", "owned",
+    "requeues", "seq", "seen", "starts", "dedup", "bloom", "dead", "stats", "lane_pages", "items",
 )
 
 #: On Redis Cluster, a shard's scripts cannot read the crawl-wide keys (another
@@ -324,6 +339,18 @@ class CrawlKeys:
     @property
     def queue(self) -> str:
         return self._key("queue")
+
+    @property
+    def queue_counts(self) -> str:
+        """The queue's counts (``requests`` held in its lists, ``lists``): derived from
+        the queue's name, as ``scripts/lib/lists.lua`` derives it."""
+        return f"{self.queue}#n"
+
+    def queue_list(self, lane: str, priority_key: str, lifo: bool = False) -> str:
+        """The list of ``lane``'s queued requests of one priority (its priority key,
+        ``members.priority_key``) and order: the queue's name, ":", and the list's
+        index entry (``members.index_entry``), as ``scripts/lib/lists.lua`` derives it."""
+        return f"{self.queue}:{lane}\0{priority_key}{'!' if lifo else '~'}"
 
     @property
     def hosts(self) -> str:
@@ -495,6 +522,7 @@ class CrawlKeys:
     def _own_keys(self) -> tuple[str, ...]:
         return (
             self.queue,
+            self.queue_counts,
             self.hosts,
             self.busy,
             self.backlog,

@@ -18,7 +18,12 @@ two definitions cannot drift apart.
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from redis.exceptions import ResponseError
+
+if TYPE_CHECKING:
+    from collections.abc import Collection
 
 ORDER_KEY_LENGTH = 15
 PRIORITY_KEY_LENGTH = 5
@@ -94,3 +99,62 @@ def split_member(member: bytes) -> tuple[str, str, bytes]:
         member[start:start + ORDER_KEY_LENGTH].decode("ascii"),
         member[start + ORDER_KEY_LENGTH:],
     )
+
+
+def queue_size(zcard: int, counts: list[Any] | None) -> int:
+    """Requests queued: the queue ZSET's members (requests put back, or queued by an
+    earlier version, and one index entry per list) plus what the lists hold beyond
+    their entries (``scripts/lib/lists.lua``). ``counts``: HMGET of the queue's
+    counts HASH, fields ``requests`` and ``lists``; counts that are no numbers add
+    nothing (the next enqueue or lease counts again), so a queue that holds anything
+    never reads as empty."""
+    try:
+        requests, lists = (int(value or 0) for value in (counts or (0, 0)))
+    except (TypeError, ValueError):
+        return int(zcard)
+    return int(zcard) + max(requests - lists, 0)
+
+
+def read_queue_size(pipe: Any, queue: str, counts: str) -> int:
+    """Add to ``pipe`` the two reads :func:`queue_size` takes, in its order; returns
+    where the counts' reply will be, for :func:`execute_reading_counts`."""
+    pipe.zcard(queue)
+    pipe.hmget(counts, "requests", "lists")
+    return len(pipe) - 1
+
+
+def execute_reading_counts(pipe: Any, counts_at: Collection[int]) -> list[Any]:
+    """``pipe.execute()``, where a counts HASH of the wrong type (garbage written by
+    hand; the next enqueue or lease counts again) reads as no counts instead of
+    failing the whole read: the queue then reads as its ZSET's size, never empty
+    while it holds anything. Any other error raises as ``execute()`` would."""
+    replies: list[Any] = pipe.execute(raise_on_error=False)
+    for at, reply in enumerate(replies):
+        if isinstance(reply, Exception):
+            if at in counts_at and isinstance(reply, ResponseError):
+                replies[at] = None
+            else:
+                raise reply
+    return replies
+
+
+#: The last byte of a list's index entry (``scripts/lib/lists.lua``): FIFO's sorts
+#: after every order key's digits (older members and put-back requests of the same
+#: priority go first), LIFO's before them (the list's newest requests go first).
+INDEX_ENTRY_ENDS = {"fifo": b"~", "lifo": b"!"}
+
+
+def index_entry(lane: str, priority_key: str, lifo: bool = False) -> bytes:
+    """The queue ZSET's entry for the list of ``lane``'s requests of one priority."""
+    end = INDEX_ENTRY_ENDS["lifo" if lifo else "fifo"]
+    return b"%s\0%s%s" % (lane.encode(), priority_key.encode("ascii"), end)
+
+
+def index_entry_parts(entry: bytes) -> tuple[str, str] | None:
+    """(lane, priority key) of an index entry; None for a request's member (which
+    has 20 or more bytes after its first NUL)."""
+    if len(entry) < 7 or entry[-1:] not in INDEX_ENTRY_ENDS.values():
+        return None
+    if entry.find(b"\0") != len(entry) - 7:
+        return None
+    return entry[:-7].decode("utf-8", "replace"), entry[-6:-1].decode("ascii", "replace")

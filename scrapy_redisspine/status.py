@@ -22,6 +22,7 @@ import redis
 
 from scrapy_redisspine.connection import routed_to
 from scrapy_redisspine.control import read_orders
+from scrapy_redisspine.members import execute_reading_counts, queue_size, read_queue_size
 from scrapy_redisspine.status_eta import LanePace, eta, slowest_lane
 
 if TYPE_CHECKING:
@@ -325,16 +326,19 @@ def read_status(
     now_ms = seconds * 1000 + micros // 1000
     views = _views(keys)
     pipe = client.pipeline(transaction=False)
+    counts_at: set[int] = set()
     for view in views:
-        pipe.zcard(view.queue)
+        counts_at.add(read_queue_size(pipe, view.queue, view.queue_counts))
         pipe.hlen(view.inflight)
         pipe.hlen(view.dead)
         pipe.xlen(view.items)
     pipe.zcard(keys.workers)
     pipe.zrangebyscore(keys.progress, now_ms - RATE_WINDOW_MS, "+inf", 0, _MAX_SAMPLES)
     pipe.hget(keys.record, "finished_ms")
-    *per_view, workers_total, raw_samples, finished_ms = pipe.execute()
-    queued, inflight, dead, items = (sum(per_view[i::4]) for i in range(4))
+    *per_view, workers_total, raw_samples, finished_ms = execute_reading_counts(pipe, counts_at)
+    queued = sum(queue_size(zcard, listed)
+                 for zcard, listed in zip(per_view[0::5], per_view[1::5], strict=True))
+    inflight, dead, items = (sum(per_view[i::5]) for i in range(2, 5))
     counters: dict[str, int | float] = {}
     # a sharded crawl's counters: each shard's and the crawl-wide ones (shed ...)
     for stats in [view.stats for view in views] + ([keys.stats] if keys.shards > 1 else []):

@@ -6,7 +6,8 @@ Doing both at once is what makes termination safe: there is no moment at which
 a parent has left in-flight while its children are not yet queued. An ack also
 frees the parent's host slot and rests the host (politeness, lib/lanes.lua).
 
-KEYS[1]  queue     ZSET   score 0, member = lane \0 priority key order key payload
+KEYS[1]  queue     ZSET   score 0, member = lane \0 priority key order key payload, or
+                          the index entry of a lane's list (lib/lists.lua)
 KEYS[2]  seq       STRING counter behind the order keys
 KEYS[3]  seen      SET    raw request fingerprints (fleet-wide dedup)
 KEYS[4]  starts    SET    raw fingerprints of start requests (once per crawl)
@@ -98,6 +99,7 @@ next copy is a duplicate). Bloom filters of RedisBloom are not checked.
 -- #include clock
 -- #include crawl
 -- #include member
+-- #include lists
 -- #include entry
 -- #include batch
 -- #include lanes
@@ -338,16 +340,56 @@ for i = 0, backlog_cap > 0 and n_requests - 1 or -1 do
 end
 
 if #to_add > 0 then
-    local last = seq_take(seq, #to_add)
-    local first = last - #to_add + 1
-    local pairs_ = {}
-    local lifo = order == "lifo"
-    for j, base in ipairs(to_add) do
-        pairs_[#pairs_ + 1] = 0
-        pairs_[#pairs_ + 1] = member_make(ARGV[base + 2], ARGV[base + 3],
-                                          member_order_key(first + j - 1, lifo), ARGV[base + 4])
+    -- Each (lane, priority)'s requests go onto its list in one push (lib/lists.lua)
+    -- once the lane holds `lists_from` requests, or its list exists; before, and
+    -- when a list's key holds another type, they go to the queue ZSET as members.
+    local groups, group_of = {}, {}
+    for _, base in ipairs(to_add) do
+        local id = ARGV[base + 2] .. "\0" .. ARGV[base + 3]
+        local group = group_of[id]
+        if not group then
+            group = { ARGV[base + 2], ARGV[base + 3], {} }
+            group_of[id] = group
+            groups[#groups + 1] = group
+        end
+        group[3][#group[3] + 1] = ARGV[base + 4]
     end
-    call_in_chunks("ZADD", queue, pairs_)
+    local lifo = order == "lifo"
+    local listed, new_lists, loose = 0, 0, {}
+    for _, group in ipairs(groups) do
+        local lane = group[1]
+        local entry = lists_entry(lane, group[2], lifo)
+        local new = redis.call("ZSCORE", queue, entry) == false
+        local length = nil
+        if not new or (queued[lane] or lane_queued(lane)) + added[lane] >= lists_from then
+            length = lists_push(queue, entry, group[3], lifo, new)
+            if not length then
+                numbers_note(lists_key(queue, entry), "-", nil,
+                             "left alone: its requests queued as members", "(the key holds no LIST)")
+            end
+        end
+        if length then
+            listed = listed + #group[3]
+            new_lists = new_lists + (new and 1 or 0)
+        else
+            for _, payload in ipairs(group[3]) do
+                loose[#loose + 1] = { lane, group[2], payload }
+            end
+        end
+    end
+    if listed > 0 then
+        lists_adjust(queue, listed, new_lists)
+    end
+    if #loose > 0 then
+        local first = seq_take(seq, #loose) - #loose + 1
+        local pairs_ = {}
+        for j, request in ipairs(loose) do
+            pairs_[#pairs_ + 1] = 0
+            pairs_[#pairs_ + 1] = member_make(request[1], request[2],
+                                              member_order_key(first + j - 1, lifo), request[3])
+        end
+        call_in_chunks("ZADD", queue, pairs_)
+    end
     local grown = {}
     for _, lane in ipairs(lanes) do
         if added[lane] > 0 then

@@ -44,6 +44,7 @@ close_reason the fleet's close order ("" if none).
 -- #include clock
 -- #include crawl
 -- #include numbers
+-- #include lists
 local record, queue, inflight, starting, stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local control = KEYS[6]
 local epoch, alive_ms, idle_close_ms = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
@@ -69,7 +70,7 @@ if ARGV[4] then
     queued, in_flight = tonumber(ARGV[4]), tonumber(ARGV[5])
     shard_ever, shard_mark = tonumber(ARGV[6]), tonumber(ARGV[7])
 else
-    queued, in_flight = redis.call("ZCARD", queue), redis.call("HLEN", inflight)
+    queued, in_flight = lists_size(queue), redis.call("HLEN", inflight)
 end
 local producing = redis.call("ZCOUNT", starting, now_ms - alive_ms, "+inf")
 local close_reason = redis.call("HGET", control, "close_reason") or ""

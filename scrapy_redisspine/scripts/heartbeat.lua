@@ -31,6 +31,7 @@ Returns { status, late_ms, queued, server }:
 ]]
 -- #include clock
 -- #include crawl
+-- #include lists
 local workers, record, starting, queue = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local worker, epoch, still_starting = ARGV[1], ARGV[2], ARGV[3]
 local status = crawl_status(record, epoch)
@@ -54,7 +55,7 @@ end
 -- A sweep that took only part of a dead worker's leases (it hit its limit) leaves
 -- the worker's score at 0, so that it is swept again and learns it here.
 if not previous or tonumber(previous) == 0 then
-    return { "swept", 0, redis.call("ZCARD", queue), server }
+    return { "swept", 0, lists_size(queue), server }
 end
-return { "ok", math.max(now_ms - (tonumber(previous) or now_ms), 0), redis.call("ZCARD", queue),
+return { "ok", math.max(now_ms - (tonumber(previous) or now_ms), 0), lists_size(queue),
          server }

@@ -15,7 +15,8 @@ leased, was not written by enqueue: it goes to the dead letters (under a fresh
 field). Members no lane can reach (queue not empty, no lane scheduled, nothing in
 flight) are re-scheduled or dead-lettered here too, so garbage never stalls a crawl.
 
-KEYS[1]  queue     ZSET   score 0, member = lane \0 priority key order key payload
+KEYS[1]  queue     ZSET   score 0, member = lane \0 priority key order key payload, or
+                          the index entry of a lane's list (lib/lists.lua)
 KEYS[2]  inflight  HASH   order key -> owner \n token \n member
 KEYS[3]  leases    ZSET   order key -> lease time (ms, Redis TIME)
 KEYS[4]  stats     HASH   fleet-wide counters
@@ -86,6 +87,7 @@ malformed member dead-lettered).
 -- #include crawl
 -- #include member
 -- #include batch
+-- #include lists
 -- #include lanes
 -- #include numbers
 -- #include keytypes
@@ -180,6 +182,18 @@ local function move_held_lanes()
     end
 end
 
+-- An index entry whose list is gone (deleted by hand) or holds another type: the
+-- entry leaves the queue, the counts are counted again, and the repair is recorded
+-- (the worker logs and counts it): its requests are lost, never taken in silence.
+local broken = {} -- lanes to count again
+local drained = {} -- index entry -> true: this lease takes its list's last request
+local function drop_broken_list(lane, entry, reason)
+    redis.call("ZREM", queue, entry)
+    numbers_note(lists_key(queue, entry), "-", nil, "index entry removed", reason)
+    lists_recount(queue, "(a list of the queue was lost)")
+    broken[#broken + 1] = lane
+end
+
 local function pick(due)
     local picked = {} -- { lane, member } in lease order
     local busy_of = hmget_in_chunks(busy, due)
@@ -213,8 +227,30 @@ local function pick(due)
                 redis.call("HDEL", backlog, lane) -- the count was off: nothing queued
                 host_schedule(lane)
             end
+            local got = 0
             for _, first in ipairs(firsts) do
-                picked[#picked + 1] = { lane, first }
+                if got >= want then
+                    break
+                end
+                local _, priority_key = lists_entry_parts(first)
+                if priority_key then
+                    -- an index entry: the list's first requests, in its order, and
+                    -- one more to know if the list is left empty (no LLEN later)
+                    local n = want - got
+                    local payloads, reason = lists_read(queue, first, n + 1)
+                    if payloads and #payloads > 0 then
+                        drained[first] = #payloads <= n or nil
+                        for j = 1, math.min(#payloads, n) do
+                            picked[#picked + 1] = { lane, false, priority_key, payloads[j], first }
+                        end
+                        got = got + math.min(#payloads, n)
+                    else
+                        drop_broken_list(lane, first, reason or "(no list)")
+                    end
+                else
+                    picked[#picked + 1] = { lane, first }
+                    got = got + 1
+                end
             end
         end
     end
@@ -239,18 +275,26 @@ local function lane_delays(lanes)
 end
 
 local function lease_picked(picked)
-    local keys, lanes_of = {}, {}
+    -- Requests put back as members carry their order key; those taken from a list
+    -- get theirs below, from `seq`, after the first write.
+    local keys, lanes_of, member_keys, member_at = {}, {}, {}, {}
     for i, pick_ in ipairs(picked) do
-        local lane, key = member_lane(pick_[2])
-        keys[i], lanes_of[i] = key or "", lane
+        if pick_[2] then
+            local lane, key = member_lane(pick_[2])
+            keys[i], lanes_of[i] = key or "", lane
+            member_keys[#member_keys + 1] = keys[i]
+            member_at[i] = #member_keys
+        end
     end
-    local held = hmget_in_chunks(inflight, keys)
+    local held = hmget_in_chunks(inflight, member_keys)
     local taken, seen_keys, recount = {}, {}, {}
     for i, pick_ in ipairs(picked) do
         local lane, member, key = pick_[1], pick_[2], keys[i]
         -- A member not written by enqueue: no lane or key, another lane's, or a key
         -- already leased (in flight, or twice in this batch).
-        if lanes_of[i] ~= lane or held[i] or seen_keys[key] then
+        if not member then
+            taken[#taken + 1] = i
+        elseif lanes_of[i] ~= lane or held[member_at[i]] or seen_keys[key] then
             bury_malformed(member)
             recount[#recount + 1] = lane
         else
@@ -261,11 +305,22 @@ local function lease_picked(picked)
     if #taken == 0 then
         return recount
     end
-    local taken_members, taken_keys, lanes, moved, took = {}, {}, {}, {}, {}
+    local taken_members, member_taken_keys, lanes, moved, took = {}, {}, {}, {}, {}
+    local from_lists, trims, trim_order = 0, {}, {} -- list index entry -> requests taken
     for _, i in ipairs(taken) do
         local lane = picked[i][1]
-        taken_members[#taken_members + 1] = picked[i][2]
-        taken_keys[#taken_keys + 1] = keys[i]
+        if picked[i][2] then
+            taken_members[#taken_members + 1] = picked[i][2]
+            member_taken_keys[#member_taken_keys + 1] = keys[i]
+        else
+            local entry = picked[i][5]
+            if not trims[entry] then
+                trims[entry] = 0
+                trim_order[#trim_order + 1] = entry
+            end
+            trims[entry] = trims[entry] + 1
+            from_lists = from_lists + 1
+        end
         if not moved[lane] then
             lanes[#lanes + 1] = lane
             moved[lane] = 0
@@ -274,19 +329,48 @@ local function lease_picked(picked)
         took[lane] = -moved[lane]
     end
     -- Read before the first write. Usually both hashes are empty (checked once per
-    -- call); else one HMGET each.
-    local times = any_requeues and hmget_in_chunks(requeues, taken_keys) or {}
+    -- call); else one HMGET each. (A key from a list is new: never requeued.)
+    local times = any_requeues and hmget_in_chunks(requeues, member_taken_keys) or {}
     local delay_of = any_delays and lane_delays(lanes) or {}
     local lanes_before = lanes_read(lanes) -- (busy was read by pick)
     keys_expect(leases, "zset", owned, "zset")
-    -- ZREM first: Redis checks maxmemory only before a script's first write, and ZREM
-    -- is no "denyoom" command, so leases (which free memory once acked) still work on
-    -- a full Redis.
+    -- ZREM, LTRIM, UNLINK first: Redis checks maxmemory only before a script's first
+    -- write, and none is a "denyoom" command, so leases (which free memory once
+    -- acked) still work on a full Redis.
     call_in_chunks("ZREM", queue, taken_members)
-    token = seq_take(seq, 1)
+    local emptied = {}
+    for _, entry in ipairs(trim_order) do
+        local key = lists_key(queue, entry)
+        if drained[entry] then
+            redis.call("UNLINK", key)
+            emptied[#emptied + 1] = entry
+        else
+            redis.call("LTRIM", key, trims[entry], -1)
+        end
+    end
+    call_in_chunks("ZREM", queue, emptied)
+    if from_lists > 0 then
+        lists_adjust(queue, -from_lists, -#emptied)
+    end
+    token = seq_take(seq, 1 + from_lists)
+    local number = token - from_lists -- the order keys of requests from lists
     local inflight_pairs, lease_pairs, owned_pairs = {}, {}, {}
+    local member_j = 0
     for j, i in ipairs(taken) do
         local member, key = picked[i][2], keys[i]
+        local before = 0
+        if member then
+            member_j = member_j + 1
+            before = count_of(times[member_j])
+            if not before then
+                numbers_drop(requeues, key, times[member_j]) -- a fresh budget, not a lost lease
+                before = 0
+            end
+        else
+            key = member_order_key(number, false)
+            number = number + 1
+            member = member_make(picked[i][1], picked[i][3], key, picked[i][4])
+        end
         inflight_pairs[#inflight_pairs + 1] = key
         inflight_pairs[#inflight_pairs + 1] = owner .. "\n" .. token .. "\n" .. member
         lease_pairs[#lease_pairs + 1] = now_ms
@@ -294,11 +378,6 @@ local function lease_picked(picked)
         owned_pairs[#owned_pairs + 1] = 0
         owned_pairs[#owned_pairs + 1] = owner .. "\n" .. key
         members[j] = member
-        local before = count_of(times[j])
-        if not before then
-            numbers_drop(requeues, key, times[j]) -- a fresh budget, not a lost lease
-            before = 0
-        end
         requeued[j] = before
         delays[j] = delay_of[picked[i][1]] or ""
     end
@@ -328,9 +407,12 @@ if count > 0 then
     local recount = lease_picked(pick(due))
     move_held_lanes()
     page_limited = page_limit_drop(queue, backlog, spent)
+    for _, lane in ipairs(broken) do
+        recount[#recount + 1] = lane
+    end
     for _, lane in ipairs(recount) do
         -- A buried member may never have been counted: count the lane again.
-        redis.call("HSET", backlog, lane, redis.call("ZLEXCOUNT", queue, lane_range(lane)))
+        redis.call("HSET", backlog, lane, lists_lane_count(queue, lane))
         host_schedule(lane)
     end
 end
@@ -347,10 +429,9 @@ if #members == 0 and redis.call("ZCARD", hosts) == 0 and redis.call("HLEN", infl
         numbers_note(busy, "*", nil, "absent", counted .. " lane count(s) with nothing in flight")
     end
     for _, member in ipairs(stranded) do
-        local lane = member_lane(member)
+        local lane = lists_entry_parts(member) or member_lane(member)
         if lane then
-            redis.call("HSET", backlog, lane,
-                       redis.call("ZLEXCOUNT", queue, lane_range(lane)))
+            redis.call("HSET", backlog, lane, lists_lane_count(queue, lane))
             host_schedule(lane)
         else
             bury_malformed(member)
@@ -372,6 +453,6 @@ local next_lane = redis.call("ZRANGE", hosts, 0, 0, "WITHSCORES")
 if next_lane[2] then
     wait_ms = math.max(tonumber(next_lane[2]) - now_ms, 0)
 end
-return { members, token, requeued, delays, redis.call("ZCARD", queue),
+return { members, token, requeued, delays, lists_size(queue),
          redis.call("HLEN", inflight), malformed, wait_ms, close_reason, numbers_repairs(),
          page_limited }

@@ -22,6 +22,7 @@ Returns the number of keys deleted.
 ]]
 -- #include clock
 -- #include group
+-- #include lists
 local record, busy, group_busy = KEYS[1], KEYS[2], KEYS[3]
 local shard_busy = tonumber(ARGV[1] or "0")
 for i = 4, 3 + shard_busy do
@@ -30,7 +31,9 @@ end
 -- UNLINK first: it is no "denyoom" command, so a purge works on a full Redis.
 local deleted = 0
 if #KEYS >= 4 then
-    deleted = redis.call("UNLINK", unpack(KEYS, 4))
+    -- a queue's lists (lib/lists.lua) before the queue: UNLINK, no "denyoom" either
+    deleted = lists_delete_queues(KEYS, 4)
+    deleted = deleted + redis.call("UNLINK", unpack(KEYS, 4))
 end
 group_forget(busy, group_busy)
 deleted = deleted + redis.call("UNLINK", record, busy)

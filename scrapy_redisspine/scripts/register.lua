@@ -47,6 +47,7 @@ crawl's.
 ]]
 -- #include clock
 -- #include group
+-- #include lists
 local workers, record, queue, inflight, stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local starting = KEYS[6]
 local busy, group_busy = KEYS[7], KEYS[8]
@@ -82,6 +83,7 @@ if flush == "1" and alive == 0 then
     for i = 9, 8 + shard_busy do
         group_forget(KEYS[i], group_busy)
     end
+    lists_delete_queues(KEYS, 1) -- a queue's lists (lib/lists.lua) before the queue
     redis.call("DEL", unpack(KEYS, 1, 7))
     if #KEYS >= 9 then
         redis.call("DEL", unpack(KEYS, 9))

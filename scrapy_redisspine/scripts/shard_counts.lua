@@ -19,6 +19,7 @@ Returns { queued, inflight, ever, stamp }: ever is 1 once the shard queued or le
 any request; stamp as above (a counter that is no count adds nothing).
 ]]
 -- #include numbers
+-- #include lists
 local queue, inflight, stats = KEYS[1], KEYS[2], KEYS[3]
 local counted = redis.pcall("HMGET", stats, "enqueued", "acked", "leased", "released",
                             "requeued", "reinjected", "dead_lettered", "host_page_limited")
@@ -31,4 +32,4 @@ if type(counted) == "table" then
         ever = 1
     end
 end
-return { redis.call("ZCARD", queue), redis.call("HLEN", inflight), ever, stamp }
+return { lists_size(queue), redis.call("HLEN", inflight), ever, stamp }

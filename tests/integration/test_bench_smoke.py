@@ -69,13 +69,18 @@ def test_scheduler_micro_benchmark_smoke() -> None:
 
 @pytest.mark.e2e
 def test_queue_memory_benchmark_smoke() -> None:
-    # every request queued, its member in the compact form (a plain GET: its URL)
-    command = [sys.executable, str(ROOT / "benchmarks" / "queue_memory.py"), "--n", "300"]
+    # four requests a lane, in one batch: each lane's go to its list, in the compact
+    # form (a plain GET: its URL); the queue ZSET holds one index entry per lane, and
+    # the member of the request sent first to load the scripts (its lane's first)
+    command = [sys.executable, str(ROOT / "benchmarks" / "queue_memory.py"), "--n", "400"]
     out = subprocess.run(command, check=True, capture_output=True, text=True, timeout=120)
     report = json.loads(out.stdout.splitlines()[0])
-    assert report["keys"]["queue"]["bytes_per_request"] > 0
+    assert report["keys"]["queue lists"]["keys"] == 100
+    assert report["keys"]["queue lists"]["bytes_per_request"] > 0
+    assert report["queue_zset_members"] == 101
     assert report["used_memory_bytes_per_request"] > 0
-    assert report["member_example"].endswith("http://h0.example/p/300'")
+    assert report["stored_as"] == "list items"
+    assert report["stored_example"] == "b'http://h0.example/p/0'"
 
 
 @pytest.mark.e2e

@@ -19,6 +19,7 @@ from tests.integration.crawlproc import (
     wait_for,
     wait_workers,
 )
+from tests.queue_view import queued_count
 
 if TYPE_CHECKING:
     import redis
@@ -112,7 +113,7 @@ def test_drain_exits_with_reason_drained_and_loses_nothing(
             worker.kill()
     assert_finished(drained, reason="drained")
     assert real_redis.hlen(fleet.keys.inflight) == 0, "a drained worker kept leases"
-    assert real_redis.zcard(fleet.keys.queue) > 0
+    assert queued_count(real_redis, fleet.keys) > 0
     _cli(redis_url, "resume", crawl)
     rest = fleet.run(2, settings, log="b", timeout=60)
     assert_finished(rest)
@@ -128,7 +129,7 @@ def test_seed_into_a_running_keep_alive_crawl_gets_fetched(
         wait_for(lambda: len(test_site.fetch_counts()) == len(test_site.all_urls()), 30,
                  "the site crawled")
         keys = fleet.keys
-        wait_for(lambda: real_redis.zcard(keys.queue) + real_redis.hlen(keys.inflight) == 0, 10,
+        wait_for(lambda: queued_count(real_redis, keys) + real_redis.hlen(keys.inflight) == 0, 10,
                  "the crawl idle")
         start = test_site.start_urls()[0]
         before = len(test_site.requests())
@@ -162,7 +163,7 @@ def test_lpush_into_the_feed_key_of_a_running_keep_alive_crawl_gets_fetched(
     try:
         wait_for(lambda: len(test_site.fetch_counts()) == len(test_site.all_urls()), 30,
                  "the site crawled")
-        wait_for(lambda: real_redis.zcard(keys.queue) + real_redis.hlen(keys.inflight) == 0, 10,
+        wait_for(lambda: queued_count(real_redis, keys) + real_redis.hlen(keys.inflight) == 0, 10,
                  "the crawl idle")
         start = test_site.start_urls()[0]
         fed_json = {"url": start + "?fed=json", "meta": {"fed": "yes"},

@@ -19,6 +19,7 @@ from tests.integration.crawlproc import (
     wait_workers,
 )
 from tests.integration.test_cluster_e2e import FAST_RECOVERY, crawl_ids_away_from_registry
+from tests.queue_view import queued_count
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -77,7 +78,7 @@ def _busiest_shard_slot(cluster: ClusterServers, keys: CrawlKeys) -> int:
             slot = key_slot(view.queue.encode())
             port = cluster.master_of_slot(slot).port
             slot_of.setdefault(port, slot)
-            work[port] = (work.get(port, 0) + int(client.zcard(view.queue))
+            work[port] = (work.get(port, 0) + int(queued_count(client, view))
                           + int(client.hlen(view.inflight)))
     busiest = max(work, key=lambda port: work[port])
     assert work[busiest], f"no shard holds work a third of the way through: {work}"

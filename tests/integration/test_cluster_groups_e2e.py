@@ -38,6 +38,7 @@ from tests.integration.test_politeness_groups_e2e import (
     _run_both,
     _two_crawls,
 )
+from tests.queue_view import queued_count
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -182,7 +183,7 @@ def test_a_crawl_laid_out_in_its_own_slot_by_an_earlier_version_still_runs(
     # (the seed finds the crawl where it is, as every tool does: placement.locate)
     assert cli.main(["--redis-url", cluster.url, "seed", crawl,
                      *test_site.start_urls()]) == 0
-    assert client.zcard(old.queue) == len(test_site.start_urls())
+    assert queued_count(client, old) == len(test_site.start_urls())
     fleet = _fleet(project_dir, worker_log_dir, cluster.url, crawl)
     [result] = fleet.run(1, fleet.crawling(test_site), log="w", timeout=180)
     assert_finished([result])

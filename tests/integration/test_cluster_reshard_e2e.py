@@ -28,6 +28,7 @@ from tests.integration.crawlproc import (
     wait_workers,
 )
 from tests.integration.test_cluster_e2e import FAST_RECOVERY, crawl_ids_away_from_registry
+from tests.queue_view import queued_count
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -59,8 +60,8 @@ def test_a_slot_resharded_mid_crawl_loses_no_request(
         client = client_from_url(cluster.url)
         try:
             # the busiest shard's slot (the crawl's own, unsharded)
-            view = max(keys.shard_views(), key=lambda view: client.zcard(view.queue))
-            queued = client.zcard(view.queue)
+            view = max(keys.shard_views(), key=lambda view: queued_count(client, view))
+            queued = queued_count(client, view)
         finally:
             client.close()
         slot = key_slot(view.queue.encode())

@@ -17,6 +17,7 @@ from scrapy_redisspine.frontier import NewRequest
 from scrapy_redisspine.keys import CrawlKeys, shard_of
 from scrapy_redisspine.sharded import ShardedFrontier
 from scrapy_redisspine.testing.redis_cluster import ClusterServers
+from tests.queue_view import queued_count
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -70,7 +71,7 @@ def _frontier(client: redis.Redis, keys: CrawlKeys, worker: str = "w1") -> Shard
 
 
 def _queued(client: redis.Redis, keys: CrawlKeys) -> list[int]:
-    return [int(client.zcard(view.queue)) for view in keys.shard_views()]
+    return [int(queued_count(client, view)) for view in keys.shard_views()]
 
 
 def _inflight(client: redis.Redis, keys: CrawlKeys) -> list[int]:

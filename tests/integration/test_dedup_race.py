@@ -26,6 +26,7 @@ from scrapy_redisspine.dedup import (
 )
 from scrapy_redisspine.frontier import Frontier, NewRequest
 from scrapy_redisspine.keys import CrawlKeys
+from tests.queue_view import queued_count
 from tests.racing import run_at_once
 
 KEYS = CrawlKeys("redisspine", "dedup-race")
@@ -110,7 +111,7 @@ def test_processes_enqueue_each_fingerprint_once(
     queued = _enqueued(results)
     assert set(queued) == set(pages), "every page enqueued"
     assert max(queued.values()) == 1, "no page enqueued twice"
-    assert real_redis.zcard(KEYS.queue) == len(pages)
+    assert queued_count(real_redis, KEYS) == len(pages)
     by_adder = [len(enqueued) for _, enqueued, _ in results]
     assert sum(by_adder) == 2000
     assert sum(1 for n in by_adder if n) > 1, f"one adder did all the work: {by_adder}"
@@ -130,7 +131,7 @@ def test_live_switch_under_concurrent_adders(redis_url: str, real_redis: redis.R
     results = run_at_once(adders + migrators, timeout=120)
 
     queued = _enqueued(results)
-    assert real_redis.zcard(KEYS.queue) == len(new)
+    assert queued_count(real_redis, KEYS) == len(new)
     assert not set(queued) & set(old), "a page seen before the switch was enqueued again"
     assert set(queued) == set(new), "a new page was lost"
     assert max(queued.values()) == 1, "a page was enqueued twice"

@@ -28,6 +28,7 @@ from tests.integration.crawlproc import (
     wait_for,
     wait_workers,
 )
+from tests.queue_view import queued_count
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -77,7 +78,7 @@ def test_three_workers_on_three_shards_fetch_every_page_once(
         assert sum(acked.values()) == len(site.all_urls()), acked
         assert sum(1 for count in acked.values() if count) >= 2, (
             f"the crawl's lanes all fell in one shard: {acked}")
-        assert client.zcard(fleet.keys.queue) == 0, "the crawl-wide queue stays unused"
+        assert queued_count(client, fleet.keys) == 0, "the crawl-wide queue stays unused"
         assert client.hget(fleet.keys.record, "shards") == b"3"
         assert client.hget(fleet.keys.record, "finished_ms") is not None
     finally:

@@ -22,6 +22,7 @@ from tests.integration.crawlproc import (
     wait_for,
     wait_workers,
 )
+from tests.queue_view import queued_count
 
 if TYPE_CHECKING:
     import redis
@@ -42,7 +43,7 @@ def test_three_workers_fetch_every_page_exactly_once(
     assert_finished(results)
     assert_exactly_once(site)
     assert sum(r.stats.get("item_scraped_count", 0) for r in results) == len(site.all_urls())
-    assert real_redis.zcard(fleet.keys.queue) == 0
+    assert queued_count(real_redis, fleet.keys) == 0
     assert real_redis.hlen(fleet.keys.inflight) == 0
     assert real_redis.zcard(fleet.keys.leases) == 0
 

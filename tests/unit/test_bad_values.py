@@ -19,6 +19,7 @@ from scrapy_redisspine._results import count_result, enqueue_result, lease_batch
 from scrapy_redisspine.dedup import MODE_BLOOM, Dedup, DedupParams
 from scrapy_redisspine.frontier import Frontier, NewRequest, split_member
 from scrapy_redisspine.status import read_status
+from tests.queue_view import queued_count
 
 if TYPE_CHECKING:
     from scrapy_redisspine._results import Repairs
@@ -52,7 +53,7 @@ def _sweep(frontier: Frontier, max_requeues: int = 5) -> Any:
 
 def _where(client: redis.Redis, keys: CrawlKeys) -> tuple[int, int, int]:
     """(queued, in flight, dead): together, every request there is."""
-    return (int(client.zcard(keys.queue)), int(client.hlen(keys.inflight)),
+    return (int(queued_count(client, keys)), int(client.hlen(keys.inflight)),
             int(client.hlen(keys.dead)))
 
 
@@ -181,6 +182,8 @@ class TestLeaseReply:
         self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
     ) -> None:
         frontier.enqueue([_request(b"1"), _request(b"2", OTHER)])
+        # leased and put back: queued as members that keep their order keys
+        assert frontier.release([lease.handle for lease in frontier.lease(2).leases]) == 2
         keys = [split_member(member)[1] for member in client.zrange(crawl_keys.queue, 0, -1)]
         client.hset(crawl_keys.requeues, mapping={keys[0]: "many", keys[1]: "2"})
 
@@ -203,15 +206,15 @@ class TestSeq:
         old = frontier.lease(1).leases[0]
         client.set(crawl_keys.seq, garbage)
 
-        result = frontier.enqueue([_request(b"new")])
+        result = frontier.enqueue([_request(b"new")])  # (a lane's first: a member)
+        batch = frontier.lease(1)
 
         assert result.statuses == "+"
         assert _repaired(result.repairs, crawl_keys.seq + " -")
-        new_key = split_member(client.zrange(crawl_keys.queue, 0, -1)[0])[1]
-        assert int(new_key) > max(int(old.key), 100_000)
-        assert len(new_key) == 15
-        new = frontier.lease(1).leases[0]
-        assert int(new.token) > int(new_key)  # tokens come from the same counter
+        new = batch.leases[0]
+        assert int(new.key) > max(int(old.key), 100_000)
+        assert len(new.key) == 15
+        assert int(new.token) > int(new.key)  # tokens come from the same counter
         assert frontier.ack([(*old.handle, 0), (*new.handle, 0)]) == 2
 
     def test_a_garbage_seq_does_not_fail_a_lease_after_it_took_requests(

@@ -13,6 +13,7 @@ from scrapy_redisspine import cli, deadletters
 from scrapy_redisspine.control import StatsPusher, read_orders, record_progress
 from scrapy_redisspine.frontier import Frontier, NewRequest
 from scrapy_redisspine.keys import CrawlKeys
+from tests.queue_view import queued_count
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -44,7 +45,7 @@ def test_seed_file_reports_malformed_lines_and_adds_the_good_ones(
     assert "'not a url'" in err
     assert "line 5" in err
     assert "2 new, 1 already seen, 2 malformed" in out
-    assert real_redis.zcard(KEYS.queue) == 2
+    assert queued_count(real_redis, KEYS) == 2
     assert real_redis.sismember(KEYS.crawls, "books")
 
 
@@ -56,7 +57,7 @@ def test_seed_from_stdin_goes_through_the_crawl_dedup(
     monkeypatch.setattr("sys.stdin", io.StringIO("http://a.test/1\nhttp://a.test/2\n"))
     assert run(redis_url, "seed", "books", "--file", "-") == 0
     assert "1 new, 1 already seen, 0 malformed" in capsys.readouterr().out
-    assert real_redis.zcard(KEYS.queue) == 2
+    assert queued_count(real_redis, KEYS) == 2
 
 
 class _BooksSpider(Spider):
@@ -173,7 +174,7 @@ def test_purge_asks_for_confirmation(
     monkeypatch.setattr("sys.stdin.isatty", lambda: True)  # a terminal to ask on
     monkeypatch.setattr("builtins.input", lambda prompt: "n")
     assert run(redis_url, "purge", "books") == cli.EXIT_PARTIAL
-    assert real_redis.zcard(KEYS.queue) == 1
+    assert queued_count(real_redis, KEYS) == 1
     asked: list[str] = []
     monkeypatch.setattr("builtins.input", lambda prompt: asked.append(prompt) or "y")
     assert run(redis_url, "purge", "books") == 0
@@ -229,7 +230,7 @@ def test_dead_letters_and_requeue(
     assert run(redis_url, "requeue-dead", "books") == 0
     assert "re-injected 1 request(s)" in capsys.readouterr().out
     assert real_redis.hlen(KEYS.dead) == 0
-    assert real_redis.zcard(KEYS.queue) == 1
+    assert queued_count(real_redis, KEYS) == 1
 
 
 def test_deadletters_module_is_an_alias(
@@ -308,7 +309,7 @@ def test_a_sharded_crawl_is_seeded_in_its_shards_and_not_misread(
                                                          spider="books")
     _seed(redis_url, "http://a.test/1", "http://b.test/1", "http://c.test/1")
     assert "3 new" in capsys.readouterr().out
-    queued = {view.shard: real_redis.zcard(view.queue) for view in sharded.shard_views()}
+    queued = {view.shard: queued_count(real_redis, view) for view in sharded.shard_views()}
     expected: dict[int | None, int] = dict.fromkeys(range(3), 0)
     for lane in ("a.test", "b.test", "c.test"):
         expected[sharded.shard_of(lane)] += 1
@@ -316,7 +317,7 @@ def test_a_sharded_crawl_is_seeded_in_its_shards_and_not_misread(
     assert not real_redis.exists(KEYS.queue)
     assert run(redis_url, "export", "books", "-o", "-") == 0
     assert "exported 0 item(s) of crawl books" in capsys.readouterr().err
-    assert sum(real_redis.zcard(view.queue) for view in sharded.shard_views()) == 3  # kept
+    assert sum(queued_count(real_redis, view) for view in sharded.shard_views()) == 3  # kept
     assert run(redis_url, "pause", "books") == 0
     assert read_orders(real_redis, KEYS).paused
     assert run(redis_url, "list") == 0
@@ -358,7 +359,7 @@ def test_the_frontier_commands_read_every_shard_of_a_sharded_crawl(
     assert sum(row["backlog"] for row in status["hosts"]) == 10
     assert run(redis_url, "requeue-dead", "books") == 0
     assert "re-injected 2 request(s)" in capsys.readouterr().out
-    assert sum(real_redis.zcard(view.queue) for view in sharded.shard_views()) == 12
+    assert sum(queued_count(real_redis, view) for view in sharded.shard_views()) == 12
     assert run(redis_url, "purge", "books", "--yes") == 0
     assert "purged crawl 'books'" in capsys.readouterr().out
     left = [view.queue for view in sharded.shard_views() if real_redis.exists(view.queue)]

@@ -16,6 +16,7 @@ from scrapy_redisspine import cli
 from scrapy_redisspine.cli_commands import CLEAR_SCREEN
 from scrapy_redisspine.frontier import Frontier, NewRequest
 from scrapy_redisspine.keys import CrawlKeys
+from tests.queue_view import queued_count
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -188,7 +189,7 @@ def test_dead_letters_drop_ids(
     assert "dropped 1 dead letter(s)" in out
     assert "1 of the IDs given are no dead letter of this crawl" in err
     assert real_redis.hlen(KEYS.dead) == 0
-    assert real_redis.zcard(KEYS.queue) == 0, "dropped, not requeued"
+    assert queued_count(real_redis, KEYS) == 0, "dropped, not requeued"
 
 
 def test_dead_letters_drop_all_asks_and_yes_does_not(

@@ -21,6 +21,7 @@ from scrapy_redisspine.control import (
 )
 from scrapy_redisspine.keys import CrawlKeys
 from scrapy_redisspine.status import Sample, read_status
+from tests.queue_view import queued_count
 from tests.unit.conftest import engine_of, finish, next_request, pending
 
 if TYPE_CHECKING:
@@ -75,7 +76,7 @@ def test_draining_worker_stops_leasing_and_stays_pending(
     assert engine_of(scheduler).closed == ["drained"], "asked once"
     scheduler.close("drained")
     assert client.hlen(KEYS.inflight) == 0
-    assert client.zcard(KEYS.queue) == 2
+    assert queued_count(client, KEYS) == 2
 
 
 def test_orders_default_to_running() -> None:

@@ -23,6 +23,7 @@ from scrapy_redisspine.frontier import CorruptKeyError
 from scrapy_redisspine.keys import CrawlKeys
 from scrapy_redisspine.scheduler import Scheduler
 from scrapy_redisspine.settings import load_config
+from tests.queue_view import queued_count
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -338,7 +339,7 @@ def test_scheduler_filters_duplicates_in_bloom_mode(
             scheduler.outbox.flush()
         assert stats.get_value("dupefilter/filtered") == 5
         assert stats.get_value("scheduler/enqueued") == 7
-        assert inspect.zcard(KEYS.queue) == 7
+        assert queued_count(inspect, KEYS) == 7
         assert not inspect.exists(KEYS.seen)
     finally:
         scheduler.close("finished")

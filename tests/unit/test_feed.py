@@ -17,6 +17,7 @@ from scrapy_redisspine._feed_store import FeedStore
 from scrapy_redisspine.feed import FeedDrain
 from scrapy_redisspine.feed_entries import BadEntry, parse_entry
 from scrapy_redisspine.keys import CrawlKeys, feed_key
+from tests.queue_view import queued_count
 from tests.unit.conftest import SchedSpider, clock_of, finish, scheduler_config
 
 if TYPE_CHECKING:
@@ -254,11 +255,11 @@ def test_a_worker_dying_between_enqueue_and_removal_loses_nothing_and_fetches_on
         with pytest.raises(redis_lib.ConnectionError):
             drain.take_batch()
         assert client.llen(FEED) == 3, "nothing left the feed"
-        assert client.zcard(KEYS.queue) == 2, "the good entries are queued"
+        assert queued_count(client, KEYS) == 2, "the good entries are queued"
         monkeypatch.setattr(FeedStore, "done", real_done)
         assert drain.take_batch() == 3
         assert client.llen(FEED) == 0
-        assert client.zcard(KEYS.queue) == 2, "the second enqueue added nothing"
+        assert queued_count(client, KEYS) == 2, "the second enqueue added nothing"
         assert sorted(request.url for request in _leased(worker)) == [
             "http://a.test/1", "http://a.test/2"]
         assert len(worker.view.upkeep.dead_letters()) == 1
@@ -316,7 +317,7 @@ def test_a_sharded_crawls_feed_goes_to_each_entrys_shard(
     drain = _drain(worker, REDISSPINE_SHARDS=3)
     try:
         assert client.exists(FEED) == 0
-        queued = [int(client.zcard(view.queue)) for view in sharded.shard_views()]
+        queued = [int(queued_count(client, view)) for view in sharded.shard_views()]
         expected = [sum(1 for host in hosts if sharded.shard_of(host) == index)
                     for index in range(3)]
         assert queued == expected

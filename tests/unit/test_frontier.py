@@ -30,6 +30,8 @@ from scrapy_redisspine.frontier import (
     split_member,
 )
 from scrapy_redisspine.keys import CrawlKeys
+from scrapy_redisspine.members import index_entry
+from tests.queue_view import queued, queued_count
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -191,7 +193,7 @@ class TestEnqueue:
         assert first.enqueue([NewRequest(b"a", b"fp")]).statuses == "+"
         assert second.enqueue([NewRequest(b"b", b"fp")]).statuses == "d"
         assert client.smembers(crawl_keys.seen) == {b"fp"}
-        assert client.zcard(crawl_keys.queue) == 1
+        assert queued_count(client, crawl_keys) == 1
         stats = _stats(client, crawl_keys)
         assert stats["enqueued"] == 1
         assert stats["filtered"] == 1
@@ -205,7 +207,7 @@ class TestEnqueue:
         )
         assert result.statuses == "++"
         assert client.smembers(crawl_keys.seen) == {b"fp"}
-        assert client.zcard(crawl_keys.queue) == 3
+        assert queued_count(client, crawl_keys) == 3
 
     def test_start_request_enters_once_even_with_dont_filter(
         self, make_frontier: FrontierFactory, client: redis.Redis, crawl_keys: CrawlKeys
@@ -214,7 +216,7 @@ class TestEnqueue:
         assert make_frontier("w1").enqueue([start]).statuses == "+"
         assert make_frontier("w2").enqueue([start]).statuses == "s"
         assert make_frontier("w3").enqueue([start, start]).statuses == "ss"
-        assert client.zcard(crawl_keys.queue) == 1
+        assert queued_count(client, crawl_keys) == 1
         assert client.smembers(crawl_keys.starts) == {b"fp-start"}
         assert not client.exists(crawl_keys.seen)
 
@@ -242,7 +244,7 @@ class TestEnqueue:
         assert wide.push(_requests(b"a", b"b")).statuses == "++"
         assert _payloads(wide) == [b"a", b"b"]
 
-    def test_queue_member_holds_lane_priority_order_key_and_payload(
+    def test_a_lanes_first_requests_are_members(
         self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
     ) -> None:
         frontier.enqueue([NewRequest(b"\x00pay\nload", b"fp", priority=-3, lane="example.com")])
@@ -253,8 +255,38 @@ class TestEnqueue:
         assert len(key) == ORDER_KEY_LENGTH
         assert key.isdigit()
         assert member == _member(b"\x00pay\nload", key, "example.com", -3)
-        assert client.hgetall(crawl_keys.backlog) == {b"example.com": b"1"}
+        assert not client.exists(crawl_keys.queue_counts)
+
+    def test_from_a_lanes_fourth_request_new_ones_wait_in_its_list_of_their_priority(
+        self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        frontier.enqueue([NewRequest(b"first", b"fp", priority=-3, lane="example.com")])
+        frontier.enqueue([NewRequest(b"p%d\x00\n" % i, b"fp%d" % i, priority=-3,
+                                     lane="example.com") for i in range(3)])
+        (member, entry) = client.zrange(crawl_keys.queue, 0, -1)
+        assert split_member(member)[2] == b"first"
+        assert entry == index_entry("example.com", priority_key(-3))
+        assert client.lrange(crawl_keys.queue_list("example.com", priority_key(-3)), 0, -1) == [
+            b"p0\x00\n", b"p1\x00\n", b"p2\x00\n"]
+        assert client.hgetall(crawl_keys.queue_counts) == {b"requests": b"3", b"lists": b"1"}
+        assert client.hgetall(crawl_keys.backlog) == {b"example.com": b"4"}
         assert client.zrange(crawl_keys.hosts, 0, -1) == [b"example.com"]
+        assert frontier.upkeep.counts() == (4, 0)
+
+    def test_a_request_leased_from_a_list_gets_an_order_key_and_its_member(
+        self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
+    ) -> None:
+        frontier.enqueue([NewRequest(b"\x00pay\nload%d" % i, b"fp%d" % i, priority=-3,
+                                     lane="example.com") for i in range(4)])
+        (lease,) = frontier.lease(1).leases
+        assert len(lease.key) == ORDER_KEY_LENGTH
+        assert lease.key.isdigit()
+        member = client.hget(crawl_keys.inflight, lease.key).split(b"\n", 2)[2]
+        lane, key, payload = split_member(member)
+        assert (lane, key, payload) == ("example.com", lease.key, b"\x00pay\nload0")
+        assert member == _member(b"\x00pay\nload0", lease.key, "example.com", -3)
+        assert client.llen(crawl_keys.queue_list("example.com", priority_key(-3))) == 3
+        assert client.hgetall(crawl_keys.queue_counts) == {b"requests": b"3", b"lists": b"1"}
 
     def test_unknown_order_is_refused(self, client: redis.Redis, crawl_keys: CrawlKeys) -> None:
         with pytest.raises(ValueError, match="order"):
@@ -381,7 +413,7 @@ class TestLease:
 
         assert [lease.payload for lease in batch.leases] == [b"a", b"b"]
         assert (batch.queued, batch.inflight, batch.malformed) == (1, 2, 0)
-        assert client.zcard(crawl_keys.queue) == 1
+        assert queued_count(client, crawl_keys) == 1
         (token,) = {lease.token for lease in batch.leases}  # one token per lease call
         assert token.isdigit()
         for lease in batch.leases:
@@ -416,6 +448,8 @@ class TestLease:
         self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
     ) -> None:
         frontier.enqueue([NewRequest(b"a", b"1", priority=4, lane="h.example")])
+        first = frontier.lease(1).leases[0]
+        frontier.release([first.handle])  # back in the queue as a member
         (member,) = client.zrange(crawl_keys.queue, 0, -1)
         (lease,) = frontier.lease(1).leases
         entry = client.hget(crawl_keys.inflight, lease.key)
@@ -537,12 +571,12 @@ class TestRelease:
                 NewRequest(b"low", b"4", priority=-7),
             ]
         )
-        queue_before = client.zrange(crawl_keys.queue, 0, -1, withscores=True)
+        queue_before = {request[:3] for request in queued(client, crawl_keys)}
         leases = frontier.lease(2).leases  # high, a
         frontier.enqueue(_requests(b"c"))
         assert frontier.release([lease.handle for lease in leases]) == 2
-        queue_after = client.zrange(crawl_keys.queue, 0, -1, withscores=True)
-        assert set(queue_before) <= set(queue_after)
+        queue_after = {request[:3] for request in queued(client, crawl_keys)}
+        assert queue_before <= queue_after
         assert frontier.upkeep.counts() == (5, 0)
         assert _existing(
             client, crawl_keys.inflight, crawl_keys.leases, crawl_keys.owned, crawl_keys.busy
@@ -879,7 +913,7 @@ class TestRobustness:
         client.zadd(crawl_keys.queue, {b"not-an-order-key-1": 0, b"not-an-order-key-2": 0})
         frontier.lease(10)
         located = (
-            client.zcard(crawl_keys.queue)
+            queued_count(client, crawl_keys)
             + client.hlen(crawl_keys.inflight)
             + client.hlen(crawl_keys.dead)
         )
@@ -1068,6 +1102,9 @@ class TestMembersOfEarlierVersions:
                       NewRequest(b"old-high", b"f2", priority=5, lane="a.example"),
                       NewRequest(b"new-low", b"f3", priority=-1, lane="a.example"),
                       NewRequest(b"new-high", b"f4", priority=5, lane="a.example")])
+        # leased and put back: members of the queue ZSET, as earlier versions queued
+        # every request (the lists are empty and gone)
+        assert wide.release([lease.handle for lease in wide.lease(10).leases]) == 4
         for member in client.zrange(keys.queue, 0, -1):
             if b"old-" in member:  # same lane, order key and payload: the counts hold
                 client.zrem(keys.queue, member)
@@ -1082,7 +1119,7 @@ class TestMembersOfEarlierVersions:
                                                        b"new-low"]
         assert {lease.lane for lease in leases} == {"a.example"}
         assert wide.ack([lease.handle for lease in leases]) == 4
-        assert client.zcard(crawl_keys.queue) == client.hlen(crawl_keys.inflight) == 0
+        assert queued_count(client, crawl_keys) == client.hlen(crawl_keys.inflight) == 0
         assert not client.hgetall(crawl_keys.backlog)
 
     def test_requeued_by_a_sweep_as_they_were(

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from scrapy import Request
 
 from scrapy_redisspine.frontier import Frontier, NewRequest
+from tests.queue_view import queued_count
 from tests.unit.conftest import finish, next_request, pending
 
 if TYPE_CHECKING:
@@ -37,7 +38,7 @@ def _limited(make_frontier: FrontierFactory, worker_id: str, limit: int) -> Fron
 def _counts(client: redis.Redis, keys: CrawlKeys) -> tuple[int, int, bool, int]:
     """Queued requests, the lane `a`'s backlog count, whether `a` is scheduled, and
     the fleet's host_page_limited counter."""
-    return (client.zcard(keys.queue), int(client.hget(keys.backlog, "a") or 0),
+    return (queued_count(client, keys), int(client.hget(keys.backlog, "a") or 0),
             client.zscore(keys.hosts, "a") is not None,
             int(client.hget(keys.stats, "host_page_limited") or 0))
 
@@ -143,5 +144,5 @@ class TestScheduler:
         assert next_request(scheduler) is None
         assert scheduler.stats.get_value("redisspine/scheduler/host_page_limited") == 2
         assert int(client.hget(crawl_keys.stats, "host_page_limited") or 0) == 2
-        assert not client.zcard(crawl_keys.queue)
+        assert not queued_count(client, crawl_keys)
         assert not pending(scheduler), "nothing left: Scrapy closes it as finished"

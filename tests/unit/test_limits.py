@@ -18,6 +18,7 @@ from scrapy_redisspine.control import CLOSE, read_orders
 from scrapy_redisspine.frontier import Frontier, NewRequest
 from scrapy_redisspine.limits import FleetLimits
 from scrapy_redisspine.settings import load_config
+from tests.queue_view import queued_count
 from tests.unit.conftest import SchedSpider, engine_of, finish, next_request, pending
 
 if TYPE_CHECKING:
@@ -47,7 +48,7 @@ class TestPageBudget:
         assert read_orders(client, crawl_keys).close_reason == "closespider_pagecount"
         unbudgeted = make_frontier("w3")  # a worker without the budget obeys the order too
         assert unbudgeted.lease(5).close_reason == "closespider_pagecount"
-        assert client.zcard(crawl_keys.queue) == 3
+        assert queued_count(client, crawl_keys) == 3
 
     def test_no_budget_leases_as_always(self, frontier: Frontier) -> None:
         _queue(frontier, 3)
@@ -114,7 +115,7 @@ class TestScheduler:
         scheduler.fleet.heartbeat()
         assert engine_of(scheduler).closed == ["closespider_pagecount"]
         scheduler.close("closespider_pagecount")
-        assert client.zcard(crawl_keys.queue) == 2
+        assert queued_count(client, crawl_keys) == 2
         assert client.hget(crawl_keys.record, "finished_ms") is None
 
     def test_a_close_order_heard_at_the_heartbeat_stops_the_ready_leases(
@@ -133,7 +134,7 @@ class TestScheduler:
         scheduler.fleet.heartbeat()
         assert engine_of(scheduler).closed == ["closespider_itemcount"]
         scheduler.close("closespider_itemcount")
-        assert client.zcard(crawl_keys.queue) == 3, "the unstarted leases went back"
+        assert queued_count(client, crawl_keys) == 3, "the unstarted leases went back"
 
     def test_per_process_keeps_scrapys_meaning(self, make_scheduler: MakeScheduler) -> None:
         scheduler = make_scheduler(CLOSESPIDER_PAGECOUNT=1,

@@ -31,6 +31,7 @@ from scrapy_redisspine.keys import CrawlKeys
 from scrapy_redisspine.middleware import Politeness, parse_retry_after
 from scrapy_redisspine.politeness import DelayPolicy, make_lane_function, url_hostname
 from scrapy_redisspine.settings import ConfigError, load_config
+from tests.queue_view import queued as queued_requests
 from tests.unit.conftest import engine_of, finish, next_request
 
 if TYPE_CHECKING:
@@ -76,7 +77,7 @@ def _silence(client: redis.Redis, worker_id: str) -> None:
 
 def _assert_lane_bookkeeping(client: redis.Redis, keys: CrawlKeys, concurrency: int) -> None:
     """backlog, busy and hosts agree with what the queue and in-flight really hold."""
-    queued = Counter(split_member(member)[0] for member in client.zrange(keys.queue, 0, -1))
+    queued = Counter(request.lane for request in queued_requests(client, keys))
     held = Counter(
         split_member(entry.split(b"\n", 2)[2])[0] for entry in client.hvals(keys.inflight)
     )

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from scrapy_redisspine.frontier import GROUP_RECHECK_MS, Frontier, NewRequest
 from scrapy_redisspine.keys import CrawlKeys
 from scrapy_redisspine.status import read_status
+from tests.queue_view import queued_count
 
 if TYPE_CHECKING:
     import redis
@@ -226,7 +227,7 @@ class TestDeadCrawlsOfTheGroup:
         assert other.requeue_stale(timeout_ms=3 * TIMEOUT_MS, ceiling_ms=0,
                                    max_requeues=3).requeued == 1
         assert not client.exists(CRAWL_A.group_busy)
-        assert client.zcard(CRAWL_A.queue) == 3  # back in a's own queue
+        assert queued_count(client, CRAWL_A) == 3  # back in a's own queue
         _wait_recheck()
         assert [lease.lane for lease in b.lease(10).leases] == [LANE]
 

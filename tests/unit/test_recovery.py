@@ -36,13 +36,13 @@ from scrapy_redisspine.frontier import (
     SweepResult,
     UnindexedResult,
     priority_key,
-    split_member,
 )
 from scrapy_redisspine.health import RedisHealth
 from scrapy_redisspine.keys import CrawlKeys
 from scrapy_redisspine.settings import ConfigError, load_config
 from scrapy_redisspine.signals import WorkerView
 from scrapy_redisspine.testing.redis_server import RedisServer
+from tests.queue_view import queued, queued_count, queued_payloads
 from tests.racing import run_at_once
 from tests.unit.conftest import SchedSpider, build_scheduler, finish
 
@@ -115,7 +115,13 @@ def _queue(client: redis.Redis, keys: CrawlKeys) -> list[tuple[bytes, float]]:
 
 
 def _queued_payloads(client: redis.Redis, keys: CrawlKeys) -> list[bytes]:
-    return sorted(split_member(member)[2] for member, _ in _queue(client, keys))
+    return queued_payloads(client, keys)
+
+
+def _queued_requests(client: redis.Redis, keys: CrawlKeys) -> list[tuple[str, str, bytes]]:
+    """Every queued request as (lane, priority key, payload), sorted: the same before a
+    lease and after a requeue, whether it waits in a list or as a member."""
+    return sorted(request[:3] for request in queued(client, keys))
 
 
 @pytest.fixture
@@ -194,10 +200,10 @@ class TestRequeueStale:
                 NewRequest(b"mid2", b"4"),
             ]
         )
-        before = _queue(client, crawl_keys)
+        before = _queued_requests(client, crawl_keys)
         leased = _lease_and_die(dead, 4)
         assert _sweep(dead).requeued == 4
-        assert _queue(client, crawl_keys) == before
+        assert _queued_requests(client, crawl_keys) == before
         again = make_frontier("w2").lease(4).leases
         assert [(lease.key, lease.payload) for lease in again] == [
             (lease.key, lease.payload) for lease in leased
@@ -221,8 +227,10 @@ class TestRequeueStale:
         self, frontier: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
     ) -> None:
         frontier.enqueue([NewRequest(b"crasher", b"fp", priority=7, lane="h.example")])
-        (member,) = client.zrange(crawl_keys.queue, 0, -1)
-        for _ in range(2):
+        (first,) = _lease_and_die(frontier, 1)
+        member = client.hget(crawl_keys.inflight, first.key).split(b"\n", 2)[2]
+        assert _sweep(frontier, max_requeues=2) == SweepResult(1, 0, 1)
+        for _ in range(1):
             _lease_and_die(frontier, 1)
             assert _sweep(frontier, max_requeues=2) == SweepResult(1, 0, 1)
         (lease,) = _lease_and_die(frontier, 1)
@@ -358,8 +366,9 @@ class TestDeadLetters:
     ) -> None:
         frontier = make_frontier("w1")
         frontier.enqueue([NewRequest(b"swept", b"1", priority=3), NewRequest(b"buried", b"2")])
-        before = dict(_queue(client, crawl_keys))
         swept, buried = frontier.lease(2).leases
+        before = {client.hget(crawl_keys.inflight, lease.key).split(b"\n", 2)[2]: 0.0
+                  for lease in (swept, buried)}  # the members the leases gave them
         assert frontier.bury(buried.handle, "undecodable")
         frontier.release([swept.handle])
         (swept,) = _lease_and_die(frontier, 1)
@@ -629,7 +638,7 @@ def test_concurrent_sweepers_requeue_each_lease_exactly_once(
     assert sum(dead for _, dead, _ in totals) == 0
     assert sum(removed for _, _, removed in totals) == 1
     assert set(_queue(real_redis, KEYS)) == queue_before_lease
-    assert real_redis.zcard(KEYS.queue) == N_STALE
+    assert queued_count(real_redis, KEYS) == N_STALE
     assert frontier.upkeep.counts() == (N_STALE, 0)
     assert _stats(real_redis, KEYS)["requeued"] == N_STALE
     assert set(real_redis.hvals(KEYS.requeues)) == {b"1"}
@@ -778,7 +787,7 @@ class TestMemoryPressure:
                 Request("http://example.com/retry", dont_filter=True)
             )
         assert scheduler.outbox.try_flush()
-        assert client.zcard(KEYS.queue) == 2
+        assert queued_count(client, KEYS) == 2
         assert _stat(scheduler, "redisspine/memory/shed") == 2
         assert _stat(scheduler, "scheduler/enqueued") == 2
         warnings = [r.getMessage() for r in caplog.records if "memory" in r.getMessage()]
@@ -840,7 +849,7 @@ class TestFullRedisAtClose:
             assert scheduler.next_request() is not None  # the other lease waits
             client.config_set("maxmemory", 1)
             scheduler.close("shutdown")  # neither was fetched: both go back
-            assert client.zcard(keys.queue) == 2, "the unstarted leases went back"
+            assert queued_count(client, keys) == 2, "the unstarted leases went back"
             assert client.hlen(keys.inflight) == 0
             assert client.zscore(keys.workers, scheduler.frontier.worker_id) is None
         finally:
@@ -900,7 +909,7 @@ class TestFencedScheduler:
         finish(scheduler, started)
         scheduler.outbox.try_flush()
         assert _stat(scheduler, "redisspine/scheduler/ack_refused") == 1
-        assert (client.zcard(KEYS.queue), client.hlen(KEYS.inflight)) == (4, 0)
+        assert (queued_count(client, KEYS), client.hlen(KEYS.inflight)) == (4, 0)
 
         scheduler.fleet.heartbeat()
         assert _stat(scheduler, "redisspine/scheduler/presumed_dead") == 1
@@ -933,7 +942,7 @@ class TestFencedScheduler:
         assert _stat(scheduler, "redisspine/scheduler/acked") == 1, "its token is valid"
 
         scheduler.close("shutdown")  # returns every lease it still knows of
-        queued, inflight = client.zcard(KEYS.queue), client.hlen(KEYS.inflight)
+        queued, inflight = queued_count(client, KEYS), client.hlen(KEYS.inflight)
         assert (queued, inflight) == (2, 0), (
             f"{inflight} valid lease(s) forgotten by the worker but left in flight under "
             f"its id: only the lease ceiling would ever requeue them"
@@ -1030,7 +1039,7 @@ class TestSchedulerDuringAnOutage:
             assert scheduler.outbox.try_flush()  # the last ack
             check = server.client()
             try:
-                assert (check.zcard(KEYS.queue), check.hlen(KEYS.inflight)) == (0, 0)
+                assert (queued_count(check, KEYS), check.hlen(KEYS.inflight)) == (0, 0)
                 assert int(check.hget(KEYS.stats, "acked")) == 4
             finally:
                 check.close()
@@ -1360,7 +1369,7 @@ class TestFullRedisAtStart:
             assert late.outbox.empty
             assert _stat(late, "redisspine/scheduler/start_requests_skipped") == 1
             assert _stat(late, "redisspine/memory/shed") is None
-            members = [m for m, _ in _queue(client, late.frontier.keys)]
+            members = _queued_payloads(client, late.frontier.keys)
             assert len(members) == 2
             assert any(b"other-start" in m for m in members)
         finally:
@@ -1385,7 +1394,7 @@ class TestFullRedisAtStart:
             assert _stat(scheduler, "redisspine/memory/shed") == 1
             assert len(scheduler.outbox) == 1
             assert scheduler.outbox.try_flush(), "the kept start request needs no room"
-            members = [m for m, _ in _queue(client, scheduler.frontier.keys)]
+            members = _queued_payloads(client, scheduler.frontier.keys)
             assert len(members) == 1
             assert b"/start" in members[0]
         finally:

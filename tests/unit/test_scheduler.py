@@ -18,6 +18,7 @@ from scrapy import Request
 
 from scrapy_redisspine.frontier import Frontier, NewRequest
 from scrapy_redisspine.keys import CrawlKeys
+from tests.queue_view import queued_count
 from tests.unit.conftest import (
     SchedSpider,
     drain,
@@ -38,7 +39,7 @@ KEYS = CrawlKeys("redisspine", "test")
 
 
 def _counts(client: redis.Redis) -> tuple[int, int]:
-    return int(client.zcard(KEYS.queue)), int(client.hlen(KEYS.inflight))
+    return int(queued_count(client, KEYS)), int(client.hlen(KEYS.inflight))
 
 
 def _stat(scheduler: Scheduler, name: str) -> Any:

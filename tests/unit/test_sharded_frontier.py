@@ -13,6 +13,7 @@ from scrapy_redisspine._shards import split_key
 from scrapy_redisspine.frontier import Frontier, NewRequest
 from scrapy_redisspine.keys import SHARD_KEY_NAMES, CrawlKeys, shard_of
 from scrapy_redisspine.sharded import ShardedFrontier
+from tests.queue_view import queued_count
 
 if TYPE_CHECKING:
     import redis
@@ -52,7 +53,7 @@ def _frontier(client: redis.Redis, keys: CrawlKeys, worker: str = "w1") -> Shard
 
 
 def _queued(client: redis.Redis, keys: CrawlKeys) -> list[int]:
-    return [int(client.zcard(view.queue)) for view in keys.shard_views()]
+    return [int(queued_count(client, view)) for view in keys.shard_views()]
 
 
 def _inflight(client: redis.Redis, keys: CrawlKeys) -> list[int]:

@@ -21,6 +21,7 @@ from scrapy_redisspine.keys import CrawlKeys, shard_of
 from scrapy_redisspine.pushing import PushOptions, push_frontier
 from scrapy_redisspine.sharded import ShardedFrontier
 from scrapy_redisspine.sharded_upkeep import ShardedUpkeep, sharded_upkeep
+from tests.queue_view import queued_count
 from tests.unit.conftest import clock_of, engine_of, finish, next_request, pending
 
 if TYPE_CHECKING:
@@ -82,7 +83,7 @@ def _dead_worker_holding(client: redis.Redis, lanes: list[str], name: str = "dea
 
 
 def _queued(client: redis.Redis) -> list[int]:
-    return [int(client.zcard(view.queue)) for view in KEYS.shard_views()]
+    return [int(queued_count(client, view)) for view in KEYS.shard_views()]
 
 
 def test_a_sharded_worker_crawls_through_every_shard_and_finishes(

@@ -3,7 +3,7 @@ lanes library: fleet-wide politeness bookkeeping, for any number of lanes in a f
 number of calls (three HMGETs, then at most one write per key and kind) however many
 lanes a lease, an ack batch or an enqueue batch touches; the single-lane helpers at
 the end use the same code.
-Includes batch, member, numbers. Needs lanes_init called first (by the script).
+Includes batch, numbers, lists. Needs lanes_init called first (by the script).
 
 lanes_init(queue, hosts, busy, backlog, host_next, concurrency, now_ms, limits, group_busy)
   queue        ZSET  the crawl's queue (a lane's requests are one lex range of it)
@@ -57,8 +57,8 @@ queue is as the script left it, so no change is added), a next time is taken as
 absent (the lane is due).
 ]]
 -- #include batch
--- #include member
 -- #include numbers
+-- #include lists
 -- Kept in upvalues: read on every lane of every batch, cheaper than a table's fields.
 local lanes_queue, lanes_hosts, lanes_busy, lanes_backlog, lanes_next
 local lanes_concurrency, lanes_now, lanes_limits, lanes_group_busy
@@ -90,7 +90,7 @@ local function lane_queued(lane)
     local raw = redis.call("HGET", lanes_backlog, lane)
     local queued = count_of(raw)
     if not queued then
-        queued = redis.call("ZLEXCOUNT", lanes_queue, lane_range(lane))
+        queued = lists_lane_count(lanes_queue, lane)
         redis.call("HSET", lanes_backlog, lane, queued)
         numbers_note(lanes_backlog, lane, raw, queued .. " (counted again)")
     end
@@ -142,7 +142,7 @@ local function lanes_write(lanes, read, d_busy, d_backlog, rests, nx)
         if queued then
             queued = queued + (backlog_change or 0)
         else
-            queued = redis.call("ZLEXCOUNT", lanes_queue, lane_range(lane))
+            queued = lists_lane_count(lanes_queue, lane)
             numbers_note(lanes_backlog, lane, backlog_of[i], queued .. " (counted again)")
             backlog_change = 0
         end

@@ -2,7 +2,7 @@
 pagelimit library: REDISSPINE_HOST_PAGE_LIMIT, the requests one lane leases over the
 whole crawl, fleet-wide. lease.lua counts each lease and drops what a spent lane
 still has queued; a lease put back unfetched (lib/putback.lua) gives its page back.
-Includes batch, member, numbers, lanes. Needs lanes_init called first (by the script).
+Includes batch, numbers, lists, lanes. Needs lanes_init called first (by the script).
 
 page_limit_read(lane_pages, lanes) -> lane -> requests it leased so far; a count that
   is no number is dropped and recorded (lib/numbers.lua): the lane starts from 0
@@ -14,8 +14,8 @@ page_limit_drop(queue, backlog, lanes) -> how many queued requests of these spen
 page_limit_give_back(lane_pages, lane): one lease of the lane was never fetched
 ]]
 -- #include batch
--- #include member
 -- #include numbers
+-- #include lists
 -- #include lanes
 local function page_limit_read(lane_pages, lanes)
     local raw, pages_of = hmget_in_chunks(lane_pages, lanes), {}
@@ -42,8 +42,7 @@ end
 local function page_limit_drop(queue, backlog, lanes)
     local dropped = 0
     for _, lane in ipairs(lanes) do
-        local low, high = lane_range(lane)
-        dropped = dropped + redis.call("ZREMRANGEBYLEX", queue, low, high)
+        dropped = dropped + lists_drop_lane(queue, lane) -- its lists and members
         redis.call("HDEL", backlog, lane) -- absent is 0: nothing queued
         host_schedule(lane)
     end
