@@ -3,9 +3,11 @@
 Enqueues N plain GETs (``http://h<i % hosts>.example/p/<i>``, as
 ``scheduler_micro.py`` does) through this plugin's scheduler on a throwaway
 redis-server, then reports ``used_memory`` growth / N (the figure of
-``scheduler_micro.py``), ``MEMORY USAGE`` of each key that grew, per request, and the
-queue members' sizes. The scripts are loaded before the measurement starts, so their
-cache (a fixed ~57 kB, not a per-request cost) is left out; ``--cold`` keeps it in.
+``scheduler_micro.py``), ``MEMORY USAGE`` of each key that grew, per request (a
+queue's lists, one per lane and priority, summed as one line), and the sizes of
+what a queued request is stored as: a list item (its payload) or a ZSET member. The
+scripts are loaded before the measurement starts, so their cache (a fixed ~57 kB, not
+a per-request cost) is left out; ``--cold`` keeps it in.
 
     .venv/bin/python benchmarks/queue_memory.py --n 100000
 """
@@ -55,19 +57,31 @@ def measure(n: int, hosts: int, cold: bool) -> dict[str, Any]:
             scheduler.enqueue_request(request)
         scheduler.outbox.try_flush()
         grown = int(client.info("memory")["used_memory"]) - before
-        per_key = {}
+        queue = CrawlKeys("redisspine", "micro").queue.encode()
+        per_key: dict[str, dict[str, Any]] = {}
+        items: list[bytes] = []
         for key in sorted(client.scan_iter()):
             size = (client.memory_usage(key, samples=0) or 0) - keys_before.get(key, 0)
-            if size:
+            if not size:
+                continue
+            encoding = client.object("encoding", key).decode()
+            if key.startswith(queue + b":"):  # one of the queue's lists
+                name, items = "queue lists", items + client.lrange(key, 0, 99)
+            else:
                 name = key.decode().rsplit(":", 1)[-1]
-                per_key[name] = {"encoding": client.object("encoding", key).decode(),
-                                 "bytes_per_request": size / n}
-        members = client.zrange(CrawlKeys("redisspine", "micro").queue, 0, -1)
+            entry = per_key.setdefault(name, {"encoding": encoding, "keys": 0,
+                                              "bytes_per_request": 0.0})
+            entry["keys"] += 1
+            entry["bytes_per_request"] += size / n
+        members = client.zrange(queue, 0, -1)
         scheduler.close("finished")
         client.close()
+    stored = items or members
     return {"n": n, "hosts": hosts, "used_memory_bytes_per_request": grown / n,
-            "keys": per_key, "member_bytes_mean": statistics.mean(map(len, members)),
-            "member_example": repr(members[0])}
+            "keys": per_key, "queue_zset_members": len(members),
+            "stored_as": "list items" if items else "zset members",
+            "stored_bytes_mean": statistics.mean(map(len, stored)),
+            "stored_example": repr(stored[0])}
 
 
 def main() -> int:
@@ -79,11 +93,12 @@ def main() -> int:
     result = measure(args.n, args.hosts, args.cold)
     print(json.dumps(result))
     print(f"used_memory growth: {result['used_memory_bytes_per_request']:.1f} B per queued "
-          f"request (N={args.n}, {args.hosts} hosts); members {result['member_bytes_mean']:.1f} "
-          f"B on average, e.g. {result['member_example']}")
+          f"request (N={args.n}, {args.hosts} hosts); stored as {result['stored_as']} of "
+          f"{result['stored_bytes_mean']:.1f} B on average, e.g. {result['stored_example']}; "
+          f"{result['queue_zset_members']} queue ZSET members")
     for name, key in result["keys"].items():
-        print(f"  {name} ({key['encoding']}): {key['bytes_per_request']:.1f} B per request "
-              f"(MEMORY USAGE)")
+        print(f"  {name} ({key['keys']} key(s), {key['encoding']}): "
+              f"{key['bytes_per_request']:.1f} B per request (MEMORY USAGE)")
     return 0
 
 

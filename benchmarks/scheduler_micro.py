@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -152,6 +153,13 @@ def child(
     }
 
 
+def _child_env() -> dict[str, str]:
+    """The child imports this checkout's package, not whichever one is installed (a
+    tree run beside another, for a side-by-side comparison, measures itself)."""
+    path = os.environ.get("PYTHONPATH")
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(ROOT), path)))}
+
+
 def run_child(impl: str, args: argparse.Namespace, rtt_ms: float) -> dict[str, Any]:
     sys.path.insert(0, str(ROOT))
     from benchmarks.crawl_compare import behind_proxy, bench_python
@@ -165,7 +173,7 @@ def run_child(impl: str, args: argparse.Namespace, rtt_ms: float) -> dict[str, A
                 [python, __file__, "--child", impl, "--n", str(args.n), "--settings", args.settings,
                  "--hosts", str(args.hosts), "--redis-url", url],
                 check=True, capture_output=True, text=True, timeout=args.timeout,
-                cwd=tempfile.gettempdir(),
+                cwd=tempfile.gettempdir(), env=_child_env(),
             )
         except subprocess.CalledProcessError as exc:
             raise SystemExit(f"{impl} failed:\n{exc.stderr[-3000:]}") from None
