@@ -59,8 +59,13 @@ def test_three_workers_keep_every_hosts_delay_with_no_overlap(
         gaps = [later[0] - earlier[1] for earlier, later in pairwise(times)]
         assert min(gaps) >= -CLOCK_SLACK, f"{host}: two fetches overlapped"
         assert min(gaps) >= delay - CLOCK_SLACK, f"{host}: gap {min(gaps):.3f} s < {delay} s"
-    # All three workers really took part, so the gaps held across processes.
-    assert all(r.stats.get("downloader/request_count", 0) > 0 for r in results)
+    # Workers really took part side by side, so the gaps held across processes. (Not
+    # always all three: with every lane in flight, an idle worker learns of a lane's
+    # next turn only at its next poll, while the worker that acked the lane learned it
+    # with its ack; over these 18 fetches an idle worker lost every race in ~5 % of
+    # runs with Redis 10 ms away, before and after issue 19's lists.)
+    fetched = [r.stats.get("downloader/request_count", 0) for r in results]
+    assert sum(1 for count in fetched if count > 0) >= 2, fetched
 
 
 def test_a_slow_callback_does_not_lengthen_the_interval(
