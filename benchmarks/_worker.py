@@ -6,6 +6,8 @@ waited for: a single command, or a whole pipeline) and, at exit, writes that cou
 and the process's own CPU time as JSON to ``$BENCH_WORKER_REPORT``. Commands that
 Lua scripts run inside Redis are not round trips and are not counted here.
 
+``BENCH_PIN_CPU=N`` keeps the worker and its threads on CPU N.
+
 The CPU is also split, so a difference between two set-ups can be placed: the part
 spent before the engine opened the spider (start-up: imports, settings, joining the
 crawl), and each thread's own CPU time by thread name (the crawl's loop is
@@ -84,6 +86,10 @@ def _report() -> None:
 
 
 def main() -> None:
+    # BENCH_PIN_CPU=N: the worker (and every thread it starts) runs on CPU N only, to
+    # tell what hand-offs between threads on two CPUs cost (RESULTS.md, session 11).
+    if os.environ.get("BENCH_PIN_CPU"):
+        os.sched_setaffinity(0, {int(os.environ["BENCH_PIN_CPU"])})
     _install()
     _install_splits()
     atexit.register(_report)
