@@ -100,6 +100,19 @@ class TestOrder:
         wide.enqueue(_new(b"e"))
         assert _payloads(wide) == [b"a", b"b", b"c", b"d", b"e"]
 
+    def test_with_lifo_a_put_back_request_goes_after_the_list_of_its_priority(
+        self, make_frontier: FrontierFactory
+    ) -> None:
+        # LIFO's index entry sorts before the members of its priority: the list (the
+        # newest requests) first, then members (older, or put back)
+        frontier = make_frontier("w1", "lifo", concurrency=WIDE)
+        frontier.enqueue(_new(b"a", b"b", b"c", b"d"))
+        (first,) = frontier.lease(1).leases
+        assert first.payload == b"d"
+        assert frontier.release([first.handle]) == 1
+        frontier.enqueue(_new(b"e"))
+        assert _payloads(frontier) == [b"e", b"c", b"b", b"a", b"d"]
+
     def test_one_lease_takes_across_lists_and_members_in_order(
         self, wide: Frontier, client: redis.Redis, crawl_keys: CrawlKeys
     ) -> None:
