@@ -198,6 +198,8 @@ from __future__ import annotations
 import zlib
 from dataclasses import dataclass, replace
 
+from scrapy_redisspine.members import index_entry
+
 _FORBIDDEN_IN_ID = "{}"
 #: The politeness group of every crawl that names none: all crawls under one prefix
 #: share each lane's budget (REDISSPINE_POLITENESS_GROUP).
@@ -350,7 +352,7 @@ class CrawlKeys:
         """The list of ``lane``'s queued requests of one priority (its priority key,
         ``members.priority_key``) and order: the queue's name, ":", and the list's
         index entry (``members.index_entry``), as ``scripts/lib/lists.lua`` derives it."""
-        return f"{self.queue}:{lane}\0{priority_key}{'!' if lifo else '~'}"
+        return f"{self.queue}:{index_entry(lane, priority_key, lifo).decode()}"
 
     @property
     def hosts(self) -> str:

@@ -121,15 +121,26 @@ local function lists_len(key)
     return type(n) == "number" and n or 0
 end
 
-local function lists_lane_count(queue, lane)
+-- The lane's members (requests) and lists: how many members, and each list's key
+-- with its length. For the repairs and the page limit only: it reads the whole lane.
+local function lists_lane(queue, lane)
     local low, high = lane_range(lane)
-    local count = 0
+    local members, lists = 0, {}
     for _, entry in ipairs(redis.call("ZRANGEBYLEX", queue, low, high)) do
         if lists_entry_parts(entry) then
-            count = count + lists_len(lists_key(queue, entry))
+            local key = lists_key(queue, entry)
+            lists[#lists + 1] = { key, lists_len(key) }
         else
-            count = count + 1
+            members = members + 1
         end
+    end
+    return members, lists
+end
+
+local function lists_lane_count(queue, lane)
+    local count, lists = lists_lane(queue, lane)
+    for _, list in ipairs(lists) do
+        count = count + list[2]
     end
     return count
 end
@@ -206,24 +217,18 @@ local function lists_read(queue, entry, n)
 end
 
 local function lists_drop_lane(queue, lane)
+    local dropped, lists = lists_lane(queue, lane)
+    local listed = 0
+    for _, list in ipairs(lists) do
+        listed = listed + list[2]
+        redis.call("UNLINK", list[1])
+    end
     local low, high = lane_range(lane)
-    local dropped, lists, listed = 0, 0, 0
-    for _, entry in ipairs(redis.call("ZRANGEBYLEX", queue, low, high)) do
-        if lists_entry_parts(entry) then
-            local key = lists_key(queue, entry)
-            local n = lists_len(key)
-            listed, lists = listed + n, lists + 1
-            dropped = dropped + n
-            redis.call("UNLINK", key)
-        else
-            dropped = dropped + 1
-        end
-    end
     redis.call("ZREMRANGEBYLEX", queue, low, high)
-    if lists > 0 then
-        lists_adjust(queue, -listed, -lists)
+    if #lists > 0 then
+        lists_adjust(queue, -listed, -#lists)
     end
-    return dropped
+    return dropped + listed
 end
 
 local function lists_delete(queue)
