@@ -131,6 +131,65 @@ def reported(
     return failed
 
 
+def call_now(
+    name: str, stats: StatsCollector, call: Callable[[], T], done: Callable[[T], object],
+    failed: Callable[[Exception], object],
+) -> None:
+    """Run ``call`` here and hand its outcome over at once (inline, or after close)."""
+    try:
+        outcome: tuple[bool, Any] = (True, call())
+    except Exception as exc:
+        outcome = (False, exc)
+    _deliver(name, stats, outcome, done, failed)
+
+
+class CallTimes:
+    """What a background RedisIO knows of its calls' times (loop thread only): how many
+    are pending and since when, how long they took lately, and the slow ones, counted
+    and said at most once a minute. One per ThreadIO or LoopIO."""
+
+    def __init__(self, stats: StatsCollector, slow_seconds: float) -> None:
+        self._stats = stats
+        self._slow_seconds = slow_seconds
+        self._submitted: collections.deque[float] = collections.deque()  # pending, in order
+        self._recent = 0.0  # moving average of the calls' times
+        self._slow_logged = float("-inf")
+
+    @property
+    def pending(self) -> int:
+        return len(self._submitted)
+
+    @property
+    def near(self) -> bool:
+        """Do calls come back fast (Redis on loopback or next door), and is none of
+        those on its way already overdue (a Redis that just froze is not near)?"""
+        if self._recent >= NEAR_SECONDS:
+            return False
+        return not self._submitted or time.monotonic() - self._submitted[0] < 0.05
+
+    def submitted(self) -> None:
+        self._submitted.append(time.monotonic())
+
+    def delivered(self, name: str, took: float) -> None:
+        """The oldest pending call (``name``, which took ``took`` s) is delivered."""
+        if self._submitted:
+            self._submitted.popleft()
+        self._recent += (took - self._recent) / 8
+        if took >= self._slow_seconds:
+            self._slow(name, took)
+
+    def _slow(self, name: str, took: float) -> None:
+        self._stats.inc_value("redisspine/redis/slow_calls")
+        self._stats.max_value("redisspine/redis/slowest_call_ms", int(took * 1000))
+        now = time.monotonic()
+        if now - self._slow_logged >= _SLOW_LOG_INTERVAL_SECONDS:
+            self._slow_logged = now
+            logger.warning(
+                "redisspine: Redis is slow: %s took %.0f ms (downloads and callbacks go "
+                "on meanwhile; see redisspine/redis/slow_calls)", name, took * 1000,
+            )
+
+
 class InlineIO:
     """Each call at once, on the caller's thread (the behaviour before ThreadIO)."""
 
@@ -145,11 +204,7 @@ class InlineIO:
         self, name: str, call: Callable[[], T], done: Callable[[T], object],
         failed: Callable[[Exception], object],
     ) -> None:
-        try:
-            outcome: tuple[bool, Any] = (True, call())
-        except Exception as exc:
-            outcome = (False, exc)
-        _deliver(name, self._stats, outcome, done, failed)
+        call_now(name, self._stats, call, done, failed)
 
     def drain(self, timeout: float) -> bool:
         return True
@@ -175,7 +230,7 @@ class ThreadIO:
         safe to call from any thread (``reactor.callFromThread``)."""
         self._stats = stats
         self._deliver_soon = deliver
-        self._slow_seconds = slow_seconds
+        self._times = CallTimes(stats, slow_seconds)
         self._calls: queue.SimpleQueue[tuple[str, Callable[[], Any], Callable[[Any], object],
                                              Callable[[Exception], object]] | None]
         self._calls = queue.SimpleQueue()
@@ -183,40 +238,27 @@ class ThreadIO:
                                                Callable[[Any], object],
                                                Callable[[Exception], object]]]
         self._results = collections.deque()
-        self._pending = 0  # submitted, not delivered (loop thread only)
         self._ran = threading.Condition()
-        self._slow_logged = float("-inf")
         self._closed = False
-        self._recent = 0.0  # moving average of the calls' times (loop thread)
-        self._submitted: collections.deque[float] = collections.deque()  # pending, in order
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
     @property
     def busy(self) -> bool:
-        return self._pending > 0
+        return self._times.pending > 0
 
     @property
     def near(self) -> bool:
-        """Do calls come back fast (Redis on loopback or next door), and is none of
-        those on its way already overdue (a Redis that just froze is not near)?"""
-        if self._recent >= NEAR_SECONDS:
-            return False
-        return not self._submitted or time.monotonic() - self._submitted[0] < 0.05
+        return self._times.near
 
     def submit(
         self, name: str, call: Callable[[], T], done: Callable[[T], object],
         failed: Callable[[Exception], object],
     ) -> None:
         if self._closed:  # a timer's last tick after the scheduler closed: at once
-            try:
-                outcome: tuple[bool, Any] = (True, call())
-            except Exception as exc:
-                outcome = (False, exc)
-            _deliver(name, self._stats, outcome, done, failed)
+            call_now(name, self._stats, call, done, failed)
             return
-        self._pending += 1
-        self._submitted.append(time.monotonic())
+        self._times.submitted()
         self._calls.put((name, call, done, failed))
 
     def _run(self) -> None:
@@ -247,30 +289,14 @@ class ThreadIO:
                 if not self._results:
                     return
                 name, outcome, took, done, failed = self._results.popleft()
-            self._pending -= 1
-            if self._submitted:
-                self._submitted.popleft()
-            self._recent += (took - self._recent) / 8
-            if took >= self._slow_seconds:
-                self._slow(name, took)
+            self._times.delivered(name, took)
             _deliver(name, self._stats, outcome, done, failed)
-
-    def _slow(self, name: str, took: float) -> None:
-        self._stats.inc_value("redisspine/redis/slow_calls")
-        self._stats.max_value("redisspine/redis/slowest_call_ms", int(took * 1000))
-        now = time.monotonic()
-        if now - self._slow_logged >= _SLOW_LOG_INTERVAL_SECONDS:
-            self._slow_logged = now
-            logger.warning(
-                "redisspine: Redis is slow: %s took %.0f ms (downloads and callbacks go "
-                "on meanwhile; see redisspine/redis/slow_calls)", name, took * 1000,
-            )
 
     def drain(self, timeout: float) -> bool:
         """Wait for the calls submitted so far and deliver their results here (the
         loop's thread: at close, or before a call that must follow them)."""
         deadline = time.monotonic() + timeout
-        while self._pending:
+        while self._times.pending:
             with self._ran:
                 while not self._results:
                     left = deadline - time.monotonic()
