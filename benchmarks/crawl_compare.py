@@ -7,7 +7,9 @@ run on a fresh test site and a fresh throwaway redis-server, and prints the medi
 
 Configurations (``--modes``): ``scrapy`` (plain Scrapy, one process), ``spine1``,
 ``spine2``, ``spine4`` (K ``scrapy crawl`` workers with this plugin; ``spine2sync``
-the same with ``REDISSPINE_REDIS_THREAD = False``), ``redis1``
+the same with ``REDISSPINE_REDIS_THREAD = False``, ``spine1thread`` with the Redis
+calls on a thread rather than parked on the loop: ``REDISSPINE_REDIS_GREENLETS =
+False``), ``redis1``
 (scrapy-redis, one process). scrapy-redis runs from a separate virtualenv,
 ``benchmarks/.venv-bench`` (git-ignored), which is created on first use with::
 
@@ -101,6 +103,8 @@ def mode_settings(mode: str, redis_url: str, site: TestSite, run_id: str) -> dic
         })
         if mode.endswith("sync"):  # e.g. spine2sync: every Redis call on the crawl's loop
             settings["REDISSPINE_REDIS_THREAD"] = False
+        elif mode.endswith("thread"):  # e.g. spine1thread: off the loop on a thread
+            settings["REDISSPINE_REDIS_GREENLETS"] = False
     elif mode.startswith("redis"):
         settings.update({
             "ADDONS": {},

@@ -80,6 +80,17 @@ class CrawlClock:
             return twisted.callFromThread  # type: ignore[no-any-return]
         return _running_loop().call_soon_threadsafe
 
+    def asyncio_loop(self) -> asyncio.AbstractEventLoop | None:
+        """The asyncio loop the crawl runs on (Scrapy's asyncio reactor, or its
+        reactorless mode); None under another Twisted reactor. Asked on the loop's
+        thread."""
+        if "twisted.internet.reactor" in sys.modules:
+            from twisted.internet import reactor
+
+            loop = getattr(reactor, "_asyncioEventloop", None)
+            return loop if isinstance(loop, asyncio.AbstractEventLoop) else None
+        return _running_loop()
+
 
 def _running_loop() -> asyncio.AbstractEventLoop:
     try:

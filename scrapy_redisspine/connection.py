@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, cast
 import redis
 from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode, RedisCluster
+from redis.connection import parse_url
 from redis.crc import key_slot
 from redis.exceptions import RedisClusterException
 from redis.retry import Retry
@@ -45,6 +46,7 @@ __all__ = [  # find_redis_server and RedisServerNotFound live in server_binaries
     "ensure_embedded_server",
     "find_redis_server",
     "is_cluster",
+    "is_cooperative",
     "routed_to",
     "same_slot",
     "sentinel_primary",
@@ -56,7 +58,7 @@ _START_TIMEOUT_SECONDS = 10.0
 _MAX_SOCKET_PATH = 103  # sun_path is 104 bytes on macOS, 108 on Linux
 
 
-def client_from_url(url: str, **options: Any) -> redis.Redis:
+def client_from_url(url: str, *, cooperative: bool = False, **options: Any) -> redis.Redis:
     """A client for the workers and tools: bytes in and out (payloads are binary).
 
     ``redis+cluster://`` gives a :class:`~redis.cluster.RedisCluster` (it follows the
@@ -72,7 +74,27 @@ def client_from_url(url: str, **options: Any) -> redis.Redis:
         return cast("redis.Redis", _cluster_client(target, options))
     if target.kind == redis_urls.SENTINEL:
         return _sentinel_client(target, options)
-    return redis.Redis.from_url(url, **options)
+    if not cooperative:
+        return redis.Redis.from_url(url, **options)
+    from scrapy_redisspine._loop_io import cooperative_connection, cooperative_retry
+
+    base = parse_url(url).get("connection_class", redis.Connection)  # type: ignore[no-untyped-call]
+    client = redis.Redis.from_url(url, connection_class=cooperative_connection(base),
+                                  **options)
+    retry = cooperative_retry(client.get_retry())
+    if retry is not None:
+        client.set_retry(retry)
+    return client
+
+
+def is_cooperative(client: object) -> bool:
+    """Whether every connection of ``client`` parks a LoopIO call while it waits (a
+    plain client made with ``cooperative=True``; never a Cluster or Sentinel one)."""
+    from scrapy_redisspine._loop_io import CooperativeConnection
+
+    pool = getattr(client, "connection_pool", None)
+    return (type(client) is redis.Redis and type(pool) is redis.ConnectionPool
+            and issubclass(pool.connection_class, CooperativeConnection))
 
 
 def _credentials(target: redis_urls.RedisTarget) -> dict[str, Any]:

@@ -49,12 +49,14 @@ from scrapy_redisspine._joining import (
 from scrapy_redisspine._leasebook import LeaseBook
 from scrapy_redisspine._leasing import Leaser
 from scrapy_redisspine._local import LocalQueue
+from scrapy_redisspine._loop_io import LoopIO
 from scrapy_redisspine._outbox import Outbox
 from scrapy_redisspine._redis_io import InlineIO, RedisIO, ThreadIO
 from scrapy_redisspine._refusal import Refusal
 from scrapy_redisspine._seen import ConfirmedSeen
 from scrapy_redisspine._settings_compat import notices
 from scrapy_redisspine._starts import StartRegistry
+from scrapy_redisspine.connection import is_cooperative
 from scrapy_redisspine.dedup import DedupConfigError
 from scrapy_redisspine.dupefilter import RedisDupeFilter, fleet_dupefilter
 from scrapy_redisspine.frontier import (
@@ -191,11 +193,23 @@ class Scheduler(BaseScheduler):
         config, stats, clock = self.config, self.stats, self.clock
         # A thread of its own needs the crawl's loop to hand replies back to: tests
         # that drive a scheduler with Twisted's task.Clock call inline.
+        # With a plain client and an asyncio loop, the calls park on the loop itself
+        # (greenlets: no second thread for a CPU-bound worker to pay for).
         self.io: RedisIO = InlineIO(stats)  # leases, the outbox, buries
         self.upkeep_io: RedisIO = self.io  # heartbeat, sweeps, totals, feed, dedup...
+        how = "inline"
         if config.redis_thread and isinstance(clock, CrawlClock):
-            self.io = ThreadIO(stats, clock.thread_caller(), name="redisspine-redis")
-            self.upkeep_io = ThreadIO(stats, clock.thread_caller(), name="redisspine-upkeep")
+            loop = clock.asyncio_loop() if config.redis_greenlets else None
+            if loop is not None and is_cooperative(self.connection.client):
+                how = "greenlets"
+                self.io = LoopIO(stats, loop, name="redisspine-redis")
+                self.upkeep_io = LoopIO(stats, loop, name="redisspine-upkeep")
+            else:
+                how = "threads"
+                self.io = ThreadIO(stats, clock.thread_caller(), name="redisspine-redis")
+                self.upkeep_io = ThreadIO(stats, clock.thread_caller(),
+                                          name="redisspine-upkeep")
+        stats.set_value("redisspine/redis/calls", how)
         self.codec = RequestCodec(
             spider, get_serializer(config.serializer), config.allowed_request_classes,
             ItemClasses.for_spider(spider, config.allowed_item_classes),

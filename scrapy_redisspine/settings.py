@@ -156,6 +156,14 @@ SETTINGS: tuple[Setting, ...] = (
             "(Redis in another zone, a frozen Redis); results come back to the crawl's "
             "loop in order. `False`: every call on the loop's thread (slower with a "
             "distant Redis; the order of calls is the same)."),
+    Setting("REDISSPINE_REDIS_GREENLETS", True, as_bool, (),
+            "With `REDISSPINE_REDIS_THREAD`, a plain Redis client's calls (TCP, TLS or "
+            "a Unix socket, under Scrapy's asyncio reactor or reactorless) run on the "
+            "crawl's loop itself, each parked in a greenlet while its socket waits, "
+            "instead of on the thread: the same guarantees (a frozen or distant Redis "
+            "does not stop downloads), without a second thread that a CPU-bound "
+            "worker pays for. `False`: always the thread. Cluster and Sentinel "
+            "clients always use the thread."),
     Setting("REDISSPINE_REDIS_TIMEOUT_SECONDS", 5.0, as_number, (float, 0.1),
             "Longest wait for one Redis reply (and for a connection) of a worker; a "
             "call past it counts as an outage (the breaker backs off, a lost lease "
@@ -350,6 +358,7 @@ class SpineConfig:
     local_dedup_cache: int
     idle_poll_seconds: float
     redis_thread: bool
+    redis_greenlets: bool
     redis_timeout_seconds: float
     keep_alive: bool
     wait_for_first_request: bool

@@ -61,7 +61,7 @@ class WorkerConnection:
             url = ensure_embedded_server(embedded_dir, config.redis_server_bin)
             description = f"embedded redis-server {url} (no REDISSPINE_REDIS_URL set)"
         timeout = config.redis_timeout_seconds
-        client = client_from_url(url, socket_timeout=timeout,
+        client = client_from_url(url, cooperative=True, socket_timeout=timeout,
                                  socket_connect_timeout=timeout)
         client.ping()
         return cls(client, description, embedded_dir)

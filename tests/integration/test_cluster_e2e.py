@@ -105,6 +105,8 @@ def test_crawls_away_from_the_registry_fetch_every_page_once_and_finish(
         results = fleet.run(3, fleet.crawling(site, DOWNLOAD_DELAY=0.02), timeout=120)
         assert_finished(results)
         assert_exactly_once(site)
+        # a cluster client's calls cannot park on the loop: they keep their threads
+        assert {r.stats.get("redisspine/redis/calls") for r in results} == {"threads"}
         status = json.loads(_cli_json(cluster.url, "status", crawl, "--json", capsys=capsys))
         assert status["done"] == len(site.all_urls())
         assert (status["queued"], status["in_flight"], status["dead_letters"]) == (0, 0, 0)
@@ -148,6 +150,7 @@ def test_a_crawl_through_sentinel_fetches_every_page_once(
         results = fleet.run(2, fleet.crawling(site, DOWNLOAD_DELAY=0.02), timeout=120)
         assert_finished(results)
         assert_exactly_once(site)
+        assert {r.stats.get("redisspine/redis/calls") for r in results} == {"threads"}
         with sentinel.primary.client() as primary:
             assert primary.sismember(CrawlKeys("redisspine", "via-sentinel").crawls,
                                      "via-sentinel")

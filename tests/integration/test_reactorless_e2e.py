@@ -45,9 +45,11 @@ def _settings(fleet: Fleet, site: TestSite, **extra: Any) -> dict[str, Any]:
 
 def _assert_reactorless(results: list[WorkerResult]) -> None:
     """Each worker really ran without Twisted's reactor (the test project's
-    ``ReportLoop`` says so as the spider closes), and nothing failed on the way."""
+    ``ReportLoop`` says so as the spider closes), its Redis calls parked on asyncio's
+    loop (greenlets, not threads), and nothing failed on the way."""
     for result in results:
         assert "Twisted reactor imported: no" in result.log, result.log[-3000:]
+        assert result.stats.get("redisspine/redis/calls") == "greenlets", result.stats
         assert "Traceback" not in result.log, result.log[-3000:]
 
 

@@ -49,6 +49,7 @@ def test_defaults() -> None:
         "local_dedup_cache": 100_000,
         "idle_poll_seconds": 0.1,
         "redis_thread": True,
+        "redis_greenlets": True,
         "redis_timeout_seconds": 5.0,
         "keep_alive": False,
         "wait_for_first_request": True,
