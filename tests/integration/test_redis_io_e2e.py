@@ -84,7 +84,6 @@ def _crawl(fleet: Fleet, site_factory: SiteFactory, calls: str, *,
     return received, float(lag.group(1)), (frozen_at, thawed_at), site
 
 
-@pytest.mark.parametrize("greenlets", [True, False], ids=["greenlets", "threads"])
 def _server(tls_dir: Path | None) -> tuple[RedisServer, Callable[[], str]]:
     """A throwaway redis-server and its URL (asked once it runs); with ``tls_dir``,
     its TLS port (``rediss://``, the client checks the server's certificate)."""
@@ -125,6 +124,7 @@ def _self_signed(cert: Path, key: Path) -> None:
         serialization.NoEncryption()))
 
 
+@pytest.mark.parametrize("greenlets", [True, False], ids=["greenlets", "threads"])
 def test_a_download_in_progress_completes_while_redis_is_frozen(
     fleet: Fleet, site_factory: SiteFactory, greenlets: bool
 ) -> None:
