@@ -2,8 +2,9 @@
 
 Keeps ``benchmarks/crawl_compare.py`` (and the latency proxy it uses for the
 remote-Redis runs), ``scheduler_micro.py``, ``micro_breakdown.py``, ``queue_memory.py``,
-``shard_scaling.py``, ``cluster_groups.py`` and ``script_cost.py``
-from rotting: every reachable page fetched once, every queued request taken back.
+``shard_scaling.py``, ``cluster_groups.py``, ``script_cost.py`` and
+``bloom_lua_costs.py`` from rotting: every reachable page fetched once, every queued
+request taken back.
 """
 
 from __future__ import annotations
@@ -123,3 +124,16 @@ def test_script_cost_benchmark_smoke() -> None:
     for phase in ("enqueue", "lease", "ack"):
         assert report[phase]["requests"] == 200, report
         assert report[phase]["script_us"] > 0, report
+
+
+def test_bloom_lua_costs_benchmark_smoke(tmp_path: Path) -> None:
+    # every part timed (the server ran each script), the real checks among them
+    out = tmp_path / "costs.json"
+    command = [sys.executable, str(ROOT / "benchmarks" / "bloom_lua_costs.py"), "--batch", "10",
+               "--calls", "3", "--reps", "1", "--json", str(out)]
+    subprocess.run(command, check=True, capture_output=True, text=True, timeout=120)
+    costs = json.loads(out.read_text())
+    assert set(costs) == {"sadd", "hash_math", "getrange", "setrange", "bitfield_get",
+                          "bitfield_set", "set_check", "bitmap_check"}, costs
+    assert costs["bitmap_check"] > 0, costs
+    assert costs["set_check"] > 0, costs

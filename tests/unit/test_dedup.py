@@ -237,11 +237,92 @@ class TestBitmapFilter:
         assert false_positives / 3000 <= 0.02 * 1.5
         assert not state.full
 
+    # A batch and the same fingerprints one call at a time must leave the same bits
+    # and counts and give the same answers, or a crawl's record would depend on how
+    # its requests were batched. (A batched path, one BITFIELD per layer for the
+    # whole batch, was tried and dropped: benchmarks/RESULTS.md, session 14. These
+    # tests are what such a path must pass.)
+
+    def _both_ways(
+        self, client: redis.Redis, params: DedupParams, before: list[bytes], batch: list[bytes]
+    ) -> tuple[tuple[list[bool], bytes, DedupState], tuple[list[bool], bytes, DedupState]]:
+        outcomes = []
+        for one_by_one in (False, True):
+            client.flushdb()
+            record = opened(client, params)
+            record.maintain()
+            for fingerprint in before:
+                record.add([fingerprint])
+            answers = ([record.add([f])[0] for f in batch] if one_by_one
+                       else record.add(batch))
+            outcomes.append((answers, bytes(client.get(KEYS.bloom) or b""), record.state()))
+        return outcomes[0], outcomes[1]
+
+    def test_a_batch_sets_the_bits_and_counts_one_by_one_would(
+        self, backend: str, client: redis.Redis
+    ) -> None:
+        # Two layers in use (the batch tests the full one, then sets the active one),
+        # fingerprints seen in either layer, new ones, and repeats within the batch.
+        fill = fps(250, "fill")
+        new = fps(60, "new")
+        batch = [*new[:30], fill[3], fill[240], new[0], *new[30:], new[59], b"short", b"short"]
+        batched, single = self._both_ways(
+            client, bitmap_params(capacity=200, error_rate=0.02), fill, batch)
+        assert batched[2].active_layers == 2
+        assert batched[0] == single[0]
+        assert batched[0][:30] == [True] * 30
+        assert batched[0][30:33] == [False] * 3
+        assert batched[0][-3:] == [False, True, False]
+        assert batched[1] == single[1]
+        assert batched[2].layer_counts == single[2].layer_counts == (200, 50 + 60 + 1)
+
+    def test_a_batch_that_would_fill_a_layer_grows_as_one_by_one_would(
+        self, backend: str, client: redis.Redis
+    ) -> None:
+        batched, single = self._both_ways(
+            client, bitmap_params(capacity=200, error_rate=0.02), fps(150, "fill"),
+            fps(120, "over"))
+        assert batched[2].active_layers == single[2].active_layers == 2
+        assert batched[0] == single[0]
+        assert batched[1] == single[1]
+        assert batched[2].layer_counts == single[2].layer_counts
+
+    def test_a_garbage_count_is_repaired_on_a_batch_too(
+        self, backend: str, client: redis.Redis
+    ) -> None:
+        record = opened(client, bitmap_params(capacity=200, error_rate=0.02))
+        record.maintain()
+        client.hset(KEYS.dedup, "count:1", "garbage")
+        assert record.add(fps(5, "after")) == [True] * 5
+        state = record.state()  # taken as full: the next layer takes the rest
+        assert state.active_layers == 2
+        assert state.layer_counts[0] == 200
+
+
     def test_full_means_last_planned_layer_at_capacity(self, backend: str) -> None:
         layers = (bloom.BloomLayer(0, 1, 7, 10, 1), bloom.BloomLayer(64, 2, 8, 20, 1))
         assert not DedupState(MODE_BLOOM, "bitmap", 0, layers, 1, (10,)).full
         assert not DedupState(MODE_BLOOM, "bitmap", 0, layers, 2, (10, 19)).full
         assert DedupState(MODE_BLOOM, "bitmap", 0, layers, 2, (10, 20)).full
+
+
+def test_a_batch_counts_sampled_fingerprints_as_one_by_one_would(real_redis: redis.Redis) -> None:
+    # A layer of 400,000 counts one fingerprint in `step` (4 here), each for `step`.
+    params = bitmap_params(capacity=400_000, error_rate=0.01)
+    record = opened(real_redis, params)
+    record.maintain()
+    assert record.state().layers[0].step > 1
+    counts = []
+    for one_by_one in (False, True):
+        real_redis.flushdb()
+        record = opened(real_redis, params)
+        record.maintain()
+        batch = fps(2000, "sampled")
+        answers = [record.add([f])[0] for f in batch] if one_by_one else record.add(batch)
+        assert all(answers)
+        counts.append(record.state().layer_counts)
+    assert counts[0] == counts[1]
+    assert 0 < counts[0][0] != 2000  # sampled, not exact
 
 
 # -- the switch from SET to Bloom filter ----------------------------------------------

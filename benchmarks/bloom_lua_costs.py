@@ -1,0 +1,152 @@
+"""What a Lua bitmap Bloom check is made of, per fingerprint, against SET mode's SADD.
+
+Issue 19 asks the Bloom mode's enqueue to cost Redis at most 1/0.8 of the SET mode's.
+With RedisBloom it does (``dedup_memory.py --throughput-only``); the Lua bitmap
+(``lib/dedup.lua``, for servers without the module) does not, and this says why: it
+times, on a throwaway redis-server, the parts such a check can be built from, each
+in a script over a batch of fingerprints (server µs from ``INFO commandstats``, best
+of ``--reps``; the empty script's time is taken off every part):
+
+- ``sadd``: SET mode's whole check, one ``SADD`` of the 14-byte member;
+- ``hash_math``: the two 48-bit hashes and the k = 7 bit positions, in Lua, no call;
+- ``getrange`` / ``setrange``: one ``GETRANGE`` of a 64-byte block, one ``SETRANGE``
+  of 4 bytes, each a call per fingerprint (the bitmap's path: a block read, its bits
+  tested in Lua, the changed bytes written);
+- ``bitfield_get`` / ``bitfield_set``: the k bits read (or set, which answers the old
+  bits: test and record in one) as ``u1`` fields of one ``BITFIELD`` per batch, the
+  arguments built in Lua: no call per fingerprint, but one field per bit;
+- ``bitmap_check`` / ``set_check``: the real thing, ``seen.lua`` on a bitmap record
+  and on a SET record (new fingerprints).
+
+    .venv/bin/python benchmarks/bloom_lua_costs.py            # batches of 100, best of 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from scrapy_redisspine.dedup import Dedup, DedupParams  # noqa: E402
+from scrapy_redisspine.keys import CrawlKeys  # noqa: E402
+from scrapy_redisspine.testing.redis_server import RedisServer  # noqa: E402
+
+#: Each part as a script over ARGV (the batch's fingerprints); KEYS[1] a bitmap,
+#: KEYS[2] a SET.
+PARTS = {
+    "empty": "return #ARGV",
+    "sadd": """
+for i = 1, #ARGV do redis.call("SADD", KEYS[2], string.sub(ARGV[i], 1, 14)) end
+return 1""",
+    "hash_math": """
+local n = 0
+for i = 1, #ARGV do
+  local b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12 = string.byte(ARGV[i], 1, 12)
+  local first = ((((b1 * 256 + b2) * 256 + b3) * 256 + b4) * 256 + b5) * 256 + b6
+  local second = ((((b7 * 256 + b8) * 256 + b9) * 256 + b10) * 256 + b11) * 256 + b12
+  local a = second % 512
+  local b = ((second - a) / 512) % 512
+  for j = 0, 6 do n = n + (first + a + j * b + (j * j * j - j) / 6) % 512 end
+end
+return n""",
+    "getrange": """
+for i = 1, #ARGV do
+  local start = (string.byte(ARGV[i], 1) * 256 + string.byte(ARGV[i], 2)) * 64
+  redis.call("GETRANGE", KEYS[1], start, start + 63)
+end
+return 1""",
+    "setrange": """
+for i = 1, #ARGV do
+  local start = (string.byte(ARGV[i], 1) * 256 + string.byte(ARGV[i], 2)) * 64
+  redis.call("SETRANGE", KEYS[1], start, string.sub(ARGV[i], 3, 6))
+end
+return 1""",
+    "bitfield_get": """
+local args, m = {}, 0
+for i = 1, #ARGV do
+  local base = (string.byte(ARGV[i], 1) * 256 + string.byte(ARGV[i], 2)) * 512
+  for j = 0, 6 do
+    args[m + 1], args[m + 2], args[m + 3] = "GET", "u1", base + j * 37
+    m = m + 3
+  end
+end
+return #redis.call("BITFIELD", KEYS[1], unpack(args, 1, m))""",
+    "bitfield_set": """
+local args, m = {}, 0
+for i = 1, #ARGV do
+  local base = (string.byte(ARGV[i], 1) * 256 + string.byte(ARGV[i], 2)) * 512
+  for j = 0, 6 do
+    args[m + 1], args[m + 2], args[m + 3], args[m + 4] = "SET", "u1", base + j * 37, "1"
+    m = m + 4
+  end
+end
+return #redis.call("BITFIELD", KEYS[1], unpack(args, 1, m))""",
+}
+
+
+def _best_us(client: Any, run: Any, reps: int, calls: int) -> float:
+    best = float("inf")
+    for _ in range(reps):
+        client.config_resetstat()
+        for _ in range(calls):
+            run()
+        best = min(best, float(client.info("commandstats")["cmdstat_evalsha"]["usec_per_call"]))
+    return best
+
+
+def measure(batch: int, reps: int, calls: int) -> dict[str, float]:
+    """Server µs per fingerprint of each part (the empty script's time taken off)."""
+    with RedisServer() as server:
+        client = server.client()
+        client.setrange("bench:bitmap", 65536 * 64, b"\0")  # every block the parts touch
+        per_call: dict[str, float] = {}
+        salt = iter(range(10**9))
+
+        def batch_of_new() -> list[bytes]:
+            tag = next(salt)
+            return [hashlib.sha1(f"{tag}-{i}".encode()).digest() for i in range(batch)]
+
+        for name, source in PARTS.items():
+            script = client.register_script(source)
+
+            def run(script: Any = script) -> None:
+                script(keys=["bench:bitmap", "bench:set"], args=batch_of_new())
+
+            per_call[name] = _best_us(client, run, reps, calls)
+        params = {"set_check": DedupParams(backend="none"),
+                  "bitmap_check": DedupParams(set_max_fingerprints=0, backend="bitmap",
+                                              capacity=10_000_000)}
+        for name, dedup_params in params.items():
+            record = Dedup(client, CrawlKeys("bench", name), dedup_params)
+            record.open()
+            record.maintain()
+            per_call[name] = _best_us(client, lambda r=record: r.add(batch_of_new()), reps, calls)
+        client.close()
+    empty = per_call.pop("empty")
+    return {name: (us - empty) / batch for name, us in per_call.items()}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--batch", type=int, default=100, help="fingerprints per script call")
+    parser.add_argument("--calls", type=int, default=200, help="script calls per repetition")
+    parser.add_argument("--reps", type=int, default=5, help="repetitions (best kept)")
+    parser.add_argument("--json", type=Path, help="also write the results to this file")
+    args = parser.parse_args()
+    costs = measure(args.batch, args.reps, args.calls)
+    print(f"server µs per fingerprint (batches of {args.batch}, best of {args.reps}):")
+    for name, us in costs.items():
+        print(f"  {name:13} {us:6.2f}")
+    if args.json:
+        args.json.write_text(json.dumps(costs, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
