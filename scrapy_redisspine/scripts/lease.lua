@@ -194,12 +194,21 @@ local function drop_broken_list(lane, entry, reason)
     broken[#broken + 1] = lane
 end
 
+-- pick's reads of the due lanes, for lease_picked's lanes_write: nothing writes a
+-- picked lane's busy, group_busy, host_next or limit in between (a lane pick
+-- schedules or drops is not picked), so only its backlog is read again.
+local due_at, due_busy, due_group, due_next, due_limit = {}, nil, nil, nil, nil
+
 local function pick(due)
     local picked = {} -- { lane, member } in lease order
     local busy_of = hmget_in_chunks(busy, due)
     local group_of = hmget_in_chunks(group_busy, due)
     local next_of = hmget_in_chunks(host_next, due)
     local limit_of = lanes_limit_of(due)
+    due_busy, due_group, due_next, due_limit = busy_of, group_of, next_of, limit_of
+    for i, lane in ipairs(due) do
+        due_at[lane] = i
+    end
     if lane_page_limit > 0 then
         pages_of = page_limit_read(lane_pages, due)
     end
@@ -332,7 +341,12 @@ local function lease_picked(picked)
     -- call); else one HMGET each. (A key from a list is new: never requeued.)
     local times = any_requeues and hmget_in_chunks(requeues, member_taken_keys) or {}
     local delay_of = any_delays and lane_delays(lanes) or {}
-    local lanes_before = lanes_read(lanes) -- (busy was read by pick)
+    local busy_before, next_before, group_before = {}, {}, {}
+    for k, lane in ipairs(lanes) do
+        local i = due_at[lane]
+        busy_before[k], next_before[k], group_before[k] = due_busy[i], due_next[i], due_group[i]
+    end
+    local lanes_before = lanes_read_known(lanes, busy_before, next_before, due_limit, group_before)
     keys_expect(leases, "zset", owned, "zset")
     -- ZREM, LTRIM, UNLINK first: Redis checks maxmemory only before a script's first
     -- write, and none is a "denyoom" command, so leases (which free memory once

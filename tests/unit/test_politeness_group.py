@@ -254,3 +254,27 @@ class TestDeadCrawlsOfTheGroup:
         c.register(flush=False, alive_ms=TIMEOUT_MS, spider="s")
         assert a.upkeep.group_crawls(10) == []
         assert c.upkeep.group_crawls(10) == []
+
+
+def test_a_lease_writes_each_lanes_own_counts_when_a_due_lane_is_held_back(
+    client: redis.Redis,
+) -> None:
+    # lease.lua writes the picked lanes' counts from what pick read of every due lane:
+    # with a lane held back between two picked ones, each picked lane must still get
+    # its own busy and group counts, not its neighbour's.
+    b = Frontier(client, CRAWL_B, "wb", concurrency=2)
+    lanes = ["one.example", "held.example", "three.example"]
+    b.enqueue([*_requests("b", 1, lanes[0]), *_requests("b", 1, lanes[1]),
+               *_requests("b", 2, lanes[2])])
+    client.zadd(CRAWL_B.hosts, {lanes[0]: 2**50, lanes[1]: 2**50})
+    assert [lease.lane for lease in b.lease(1).leases] == [lanes[2]]
+    client.zadd(CRAWL_B.hosts, {lanes[0]: 1, lanes[1]: 2, lanes[2]: 3})  # due in this order
+    rest_end = _server_ms(client) + REST_MS  # another crawl of the group fetched it
+    client.hset(CRAWL_B.host_next, lanes[1], rest_end)
+    assert sorted(lease.lane for lease in b.lease(10).leases) == [lanes[0], lanes[2]]
+    assert client.hgetall(CRAWL_B.busy) == {lanes[0].encode(): b"1", lanes[2].encode(): b"2"}
+    assert client.hgetall(CRAWL_B.group_busy) == {
+        lanes[0].encode(): b"1", lanes[2].encode(): b"2"}
+    assert int(client.hget(CRAWL_B.host_next, lanes[1]) or 0) == rest_end
+    assert client.zscore(CRAWL_B.hosts, lanes[1]) == rest_end, "held back to its rest's end"
+    assert client.zscore(CRAWL_B.hosts, lanes[2]) is None, "both of its slots are taken"

@@ -43,6 +43,8 @@ lanes_read(lanes) -> what lanes_update reads (one HMGET per HASH), and
 lanes_write(lanes, read, d_busy, d_backlog, rests, nx) -> the rest of it: a script
   that must read everything before its first write reads the lanes early, writes
   other keys, then writes the lanes (after its changes to `queue`).
+lanes_read_known(lanes, busy_of, next_of, limit_of, group_of) -> the same as
+  lanes_read, from values the caller read itself (only backlog is read).
 lane_queued(lane) -> the lane's count in backlog (recounted from the queue, and
   rewritten, if it holds no count).
 
@@ -101,6 +103,13 @@ local function lanes_read(lanes)
     return { hmget_in_chunks(lanes_busy, lanes), hmget_in_chunks(lanes_backlog, lanes),
              hmget_in_chunks(lanes_next, lanes), lanes_limit_of(lanes),
              hmget_in_chunks(lanes_group_busy, lanes) }
+end
+
+-- lanes_read for a caller that read the lanes' busy, host_next and group_busy values
+-- (arrays in the order of `lanes`, HMGET's replies) and limits itself, with nothing
+-- written to them since (lease.lua's pick): only backlog is read.
+local function lanes_read_known(lanes, busy_of, next_of, limit_of, group_of)
+    return { busy_of, hmget_in_chunks(lanes_backlog, lanes), next_of, limit_of, group_of }
 end
 
 -- The group's count follows the crawl's: the same change, repaired the same way (a
