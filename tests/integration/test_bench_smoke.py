@@ -2,8 +2,8 @@
 
 Keeps ``benchmarks/crawl_compare.py`` (and the latency proxy it uses for the
 remote-Redis runs), ``scheduler_micro.py``, ``micro_breakdown.py``, ``queue_memory.py``,
-``shard_scaling.py``, ``cluster_groups.py``, ``script_cost.py`` and
-``bloom_lua_costs.py`` from rotting: every reachable page fetched once, every queued
+``shard_scaling.py``, ``cluster_groups.py``, ``script_cost.py``, ``bloom_lua_costs.py``
+and ``lua_profile.py`` from rotting: every reachable page fetched once, every queued
 request taken back.
 """
 
@@ -137,3 +137,17 @@ def test_bloom_lua_costs_benchmark_smoke(tmp_path: Path) -> None:
                           "bitfield_set", "set_check", "bitmap_check"}, costs
     assert costs["bitmap_check"] > 0, costs
     assert costs["set_check"] > 0, costs
+
+
+def test_lua_profile_benchmark_smoke() -> None:
+    # every mark still matches its script (else it exits naming the mark), every
+    # request leased and acked through the instrumented scripts
+    command = [sys.executable, str(ROOT / "benchmarks" / "lua_profile.py"), "--rounds", "1",
+               "--n", "200", "--hosts", "20", "--json"]
+    out = subprocess.run(command, check=True, capture_output=True, text=True, timeout=120)
+    report = json.loads(out.stdout)
+    assert report["lease"]["requests"] == 200, report
+    assert report["enqueue"]["requests"] == 200, report
+    for name, labels in (("lease", {"libraries", "lanes_write", "tail"}),
+                         ("enqueue", {"libraries", "acks", "dedup", "tail"})):
+        assert labels <= set(report[name]["sections"]), report[name]
