@@ -78,6 +78,11 @@ def is_script_error(exc: Exception) -> bool:
     not answer, or not store)?"""
     if isinstance(exc, redis.exceptions.SlotNotCoveredError):
         return False  # a master is gone and no replica took over yet: an outage
+    if isinstance(exc, redis.exceptions.RedisClusterException) and "default node" in str(exc):
+        # The cluster client is learning the cluster again (after a MOVED or a lost
+        # connection, seen mid-reshard on Redis 8.2) while another thread calls: an
+        # outage of a moment, not a refusal.
+        return False
     if not isinstance(exc, redis.RedisError):
         return True  # a reply that does not parse: the script ran, something is off
     if not isinstance(exc, redis.exceptions.ResponseError):
