@@ -49,6 +49,12 @@ _DEFAULTS: dict[str, Any] = {
     "cb_kwargs": {}, "callback": None, "errback": None,
 }
 
+#: ``Request.attributes`` as :meth:`RequestCodec._plain_to_dict` knows them, in their
+#: order (a payload's map keeps it); a Scrapy with others takes the general path.
+_PLAIN_FIELDS = ("url", "headers", "body", "cookies", "meta", "encoding", "flags",
+                 "cb_kwargs", "callback", "dont_filter", "errback", "method", "priority")
+_PLAIN_FIELDS_KNOWN = tuple(Request.attributes) == _PLAIN_FIELDS
+
 #: What is never a callback, on either side: scrapy.Spider's own attributes
 #: (``__init__``, ``start``, ``_set_crawler`` ...) except ``parse`` and ``_parse``
 #: (what Scrapy itself calls for a request without a callback). A spider's other
@@ -141,6 +147,8 @@ class RequestCodec:
             ) from exc
 
     def _to_dict(self, request: Request) -> dict[str, Any]:
+        if type(request) is Request and _PLAIN_FIELDS_KNOWN:
+            return self._plain_to_dict(request)
         data: dict[str, Any] = {
             attr: getattr(request, attr) for attr in type(request).attributes
         }
@@ -161,6 +169,43 @@ class RequestCodec:
                     f"REDISSPINE_ALLOWED_REQUEST_CLASSES"
                 )
             data["_class"] = path
+        return data
+
+    def _plain_to_dict(self, request: Request) -> dict[str, Any]:
+        """What :meth:`_to_dict` gives a plain ``Request`` (its fields that differ from
+        ``_DEFAULTS``, in ``Request.attributes`` order), built field by field rather
+        than all fields read and the defaults deleted: about half the time of every
+        enqueued request's encode (benchmarks/RESULTS.md, session 15). Used where
+        Scrapy's ``Request.attributes`` are the ones this was written for."""
+        data: dict[str, Any] = {"url": request.url}
+        headers = request.headers
+        if headers:
+            data["headers"] = [[name, list(values)] for name, values in headers.items()]
+        body, cookies, meta = request.body, request.cookies, request.meta
+        if type(body) is not bytes or body:
+            data["body"] = body
+        if type(cookies) is not dict or cookies:
+            data["cookies"] = cookies
+        if type(meta) is not dict or meta:
+            data["meta"] = meta
+        encoding, flags, cb_kwargs = request.encoding, request.flags, request.cb_kwargs
+        if type(encoding) is not str or encoding != "utf-8":
+            data["encoding"] = encoding
+        if type(flags) is not list or flags:
+            data["flags"] = flags
+        if type(cb_kwargs) is not dict or cb_kwargs:
+            data["cb_kwargs"] = cb_kwargs
+        if request.callback is not None:
+            data["callback"] = self._name(request.callback, request, "callback")
+        if type(request.dont_filter) is not bool or request.dont_filter:
+            data["dont_filter"] = request.dont_filter
+        if request.errback is not None:
+            data["errback"] = self._name(request.errback, request, "errback")
+        method, priority = request.method, request.priority
+        if type(method) is not str or method != "GET":
+            data["method"] = method
+        if type(priority) is not int or priority:
+            data["priority"] = priority
         return data
 
     def _name(self, func: Callable[..., Any] | None, request: Request, field: str) -> str | None:

@@ -491,3 +491,43 @@ def test_subclasses_keep_every_field(spider: CodecSpider) -> None:
     data = loads_request(codec.encode(request))
     assert set(Request.attributes) - {"callback"} <= set(data)  # a None callback: left out
     assert _fields(codec.decode(codec.encode(request))) == _fields(request)
+
+
+def _plain_requests(spider: CodecSpider) -> list[Request]:
+    """Plain Requests with each field at, beside and off its default (the types too)."""
+    url = "http://example.com/a?b=1"
+    return [
+        Request(url),
+        Request(url, callback=spider.parse_item, meta={"depth": 2}),
+        Request(url, callback=NO_CALLBACK, errback=spider.on_error),
+        Request(url, method="POST", body=b"x=1", headers={"X-A": ["1", "2"]}),
+        Request(url, cookies={"a": "b"}, encoding="latin-1", flags=["f"],
+                cb_kwargs={"k": [1]}, priority=-3, dont_filter=True),
+        Request(url, cookies=[{"name": "a", "value": "b"}]),
+        Request(url, cookies=[]),  # falsy, but a list: not the default {}
+        Request(url, priority=True),  # type: ignore[arg-type]  # a bool is not the int 0
+        Request(url, method="get"),
+        Request(url, meta={}, cb_kwargs={}),
+    ]
+
+
+def test_a_plain_request_encodes_as_the_general_path_encodes_it(
+    spider: CodecSpider, codec: RequestCodec, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The field-by-field path for plain Requests gives the same fields, in the same
+    order (a payload's map keeps it), and so the same payload bytes."""
+    requests = _plain_requests(spider)
+    fast = [(list(codec._to_dict(r).items()), codec.encode(r)) for r in requests]
+    monkeypatch.setattr(request_codec_module, "_PLAIN_FIELDS_KNOWN", False)
+    general = [(list(codec._to_dict(r).items()), codec.encode(r)) for r in requests]
+    assert fast == general
+    # Scrapy itself turns cookies=[] into {} and "get" into "GET": those are plain GETs
+    bare = [i for i, (_, payload) in enumerate(fast) if payload == b"http://example.com/a?b=1"]
+    assert bare == [0, 6, 8, 9]
+
+
+def test_the_plain_path_knows_this_scrapy_s_request_fields() -> None:
+    """A Scrapy whose Request has other fields takes the general path (no field is
+    dropped); this one's are the ones the plain path reads."""
+    assert request_codec_module._PLAIN_FIELDS_KNOWN
+    assert set(request_codec_module._PLAIN_FIELDS) == {"url", *request_codec_module._DEFAULTS}
