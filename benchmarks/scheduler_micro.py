@@ -16,6 +16,17 @@ the ``used_memory`` growth after the enqueue phase, divided by N.
     .venv/bin/python benchmarks/scheduler_micro.py --rtt-ms 1 --proxy-delay-ms 0.3  # calibrated
 
 Every implementation runs in its own process, interleaved, on a fresh redis-server.
+
+``--mode inline`` (the default, the issue's figure) calls the scheduler in a plain
+loop, the spine with every Redis call on this thread and waited for: client and
+server time add up. ``--mode loop`` drives it as a crawl's engine does, on a running
+asyncio loop (Scrapy's reactorless mode; the asyncio reactor runs the same loop) with
+the spine's default settings, so its Redis calls park on the loop in greenlets: the
+driver enqueues a page's worth of links (100) per turn of the loop, and takes up to
+16 requests per turn (its free download slots), reporting each done at once. Redis
+works while the driver's Python runs, as in a crawl.
+
+    .venv/bin/python benchmarks/scheduler_micro.py --impls scrapy,spine --mode loop
 """
 
 from __future__ import annotations
@@ -55,7 +66,13 @@ class _Engine:
     def wake(self) -> None:
         pass
 
+    def starting(self) -> bool:
+        return False  # no start requests: every request is an ordinary one
+
     def close_spider(self, reason: str) -> None:
+        pass
+
+    def mark_failed(self) -> None:
         pass
 
 
@@ -65,7 +82,7 @@ def _requests(n: int, hosts: int) -> list[Any]:
     return [scrapy.Request(f"http://h{i % hosts}.example/p/{i}") for i in range(n)]
 
 
-def _settings(impl: str, redis_url: str, extra: str) -> dict[str, Any]:
+def _settings(impl: str, redis_url: str, extra: str, mode: str = "inline") -> dict[str, Any]:
     # Scrapy's default DownloaderAwarePriorityQueue needs a running engine's
     # downloader; the classic per-priority queue does not.
     settings: dict[str, Any] = {"LOG_LEVEL": "ERROR", "TELNETCONSOLE_ENABLED": False,
@@ -77,19 +94,114 @@ def _settings(impl: str, redis_url: str, extra: str) -> dict[str, Any]:
                          "SCHEDULER": "scrapy_redis.scheduler.Scheduler",
                          "DUPEFILTER_CLASS": "scrapy_redis.dupefilter.RFPDupeFilter"})
     elif impl == "spine":
-        settings.update(dict(item.split("=", 1) for item in extra.split(",") if item))
-        # No crawl's loop runs here to take the Redis thread's replies: the scheduler's
-        # own cost is measured with every call on this thread.
         settings.update({"REDISSPINE_REDIS_URL": redis_url, "REDISSPINE_CRAWL_ID": "micro",
-                         "REDISSPINE_REDIS_THREAD": False,
                          "ADDONS": {"scrapy_redisspine.Addon": 0}})
+        if mode == "inline":
+            # No crawl's loop runs to take the Redis calls' replies: the scheduler's
+            # own cost is measured with every call on this thread.
+            settings["REDISSPINE_REDIS_THREAD"] = False
+        settings.update(dict(item.split("=", 1) for item in extra.split(",") if item))
     return settings
 
 
 def child(
-    impl: str, n: int, hosts: int, redis_url: str, extra: str = ""
+    impl: str, n: int, hosts: int, redis_url: str, *, extra: str = "", mode: str = "inline"
 ) -> dict[str, Any]:
     """Run one implementation in this process; return its timings."""
+    if mode == "loop":
+        import asyncio
+
+        async def on_loop() -> dict[str, Any]:
+            return await _measure_on_loop(impl, n, hosts, redis_url, extra)
+
+        return asyncio.run(on_loop())
+    scheduler, engine, memory_of = _open(impl, redis_url, extra, mode)
+    requests = _requests(n, hosts)
+    memory_before = memory_of()
+    started = time.perf_counter()
+    for request in requests:
+        scheduler.enqueue_request(request)
+    if impl == "spine":
+        scheduler.outbox.try_flush()  # the outbox's last partial batch
+    enqueued = time.perf_counter()
+    memory = memory_of() - memory_before
+    taken = 0
+    while True:
+        request = scheduler.next_request()
+        if request is None:
+            break
+        taken += 1
+        if impl == "spine":
+            engine.done(request)
+    done = time.perf_counter()
+    scheduler.close("finished")
+    return {**_result(impl, n, taken, (enqueued - started, done - enqueued), memory, mode=mode),
+            "redis_calls": _calls(scheduler)}
+
+
+async def _measure_on_loop(
+    impl: str, n: int, hosts: int, redis_url: str, extra: str
+) -> dict[str, Any]:
+    """``--mode loop``: the scheduler opened and driven on the running asyncio loop,
+    a turn of the loop after each page's links and after each round of free slots."""
+    import asyncio
+
+    scheduler, engine, memory_of = _open(impl, redis_url, extra, "loop")
+    spine = impl == "spine"
+    if spine:
+        await _settled(scheduler)  # joined the crawl
+    requests = _requests(n, hosts)
+    memory_before = memory_of()
+    started = time.perf_counter()
+    for first in range(0, n, PAGE_LINKS):
+        for request in requests[first:first + PAGE_LINKS]:
+            scheduler.enqueue_request(request)
+        await asyncio.sleep(0)
+    if spine:
+        scheduler.outbox.try_flush()  # the outbox's last partial batch
+        await _settled(scheduler)  # every enqueue answered
+    enqueued = time.perf_counter()
+    memory = memory_of() - memory_before
+    taken, idle_since = 0, time.monotonic()
+    while taken < n and time.monotonic() - idle_since < STALL_SECONDS:
+        for _ in range(SLOTS):
+            request = scheduler.next_request()
+            if request is None:
+                break
+            taken += 1
+            idle_since = time.monotonic()
+            if spine:
+                engine.done(request)
+        else:
+            await asyncio.sleep(0)
+            continue
+        if not spine:
+            break  # Scrapy's memory queue is empty
+        await asyncio.sleep(0)  # a lease on its way
+    done = time.perf_counter()
+    scheduler.close("finished")
+    if spine:
+        await _settled(scheduler)
+    return {**_result(impl, n, taken, (enqueued - started, done - enqueued), memory, mode="loop"),
+            "redis_calls": _calls(scheduler)}
+
+
+PAGE_LINKS = 100  # requests enqueued per turn of the loop in --mode loop
+STALL_SECONDS = 30.0  # --mode loop gives up after this long without a request
+
+
+async def _settled(scheduler: Any) -> None:
+    """Turn the loop until the spine's outbox is empty and no Redis call is pending."""
+    import asyncio
+
+    deadline = time.monotonic() + STALL_SECONDS
+    while (not scheduler.outbox.empty or scheduler.io.busy) and time.monotonic() < deadline:
+        await asyncio.sleep(0)
+
+
+def _open(impl: str, redis_url: str, extra: str, mode: str) -> tuple[Any, Any, Any]:
+    """The opened scheduler, its engine stand-in (the spine's) and a reading of
+    Redis's ``used_memory``."""
     import redis
     import scrapy
     from scrapy.utils.test import get_crawler
@@ -100,10 +212,11 @@ def child(
         def parse(self, response: Any) -> None:
             pass
 
-    settings = _settings(impl, redis_url, extra)
+    settings = _settings(impl, redis_url, extra, mode)
     crawler = get_crawler(BenchSpider, settings)
     spider = BenchSpider.from_crawler(crawler)
     crawler.spider = spider
+    engine = None
     if impl == "scrapy-redis":
         from scrapy_redis.scheduler import (  # type: ignore[import-not-found]
             Scheduler as RedisScheduler,
@@ -121,34 +234,31 @@ def child(
         scheduler = ScrapyScheduler.from_crawler(crawler)
     scheduler.open(spider)
     client = redis.Redis.from_url(redis_url)
-    requests = _requests(n, hosts)
-    memory_before = int(client.info("memory")["used_memory"])
-    started = time.perf_counter()
-    for request in requests:
-        scheduler.enqueue_request(request)
-    if impl == "spine":
-        scheduler.outbox.try_flush()  # the outbox's last partial batch
-    enqueued = time.perf_counter()
-    memory = int(client.info("memory")["used_memory"]) - memory_before
-    taken = 0
-    while True:
-        request = scheduler.next_request()
-        if request is None:
-            break
-        taken += 1
-        if impl == "spine":
-            engine.done(request)
-    done = time.perf_counter()
-    close = scheduler.close("finished")
-    del close
-    client.close()
+
+    def memory_of() -> int:
+        return int(client.info("memory")["used_memory"])
+
+    return scheduler, engine, memory_of
+
+
+def _calls(scheduler: Any) -> str | None:
+    """How the spine made its Redis calls: inline, greenlets or threads."""
+    stats = getattr(scheduler, "stats", None)
+    return None if stats is None else stats.get_value("redisspine/redis/calls")
+
+
+def _result(
+    impl: str, n: int, taken: int, seconds: tuple[float, float], memory: int, *, mode: str
+) -> dict[str, Any]:
+    enqueue_s, drain_s = seconds
     return {
         "impl": impl,
+        "mode": mode,
         "n": n,
         "taken": taken,
-        "enqueue_s": enqueued - started,
-        "drain_s": done - enqueued,
-        "requests_per_s": n / (done - started),
+        "enqueue_s": enqueue_s,
+        "drain_s": drain_s,
+        "requests_per_s": n / (enqueue_s + drain_s),
         "redis_bytes_per_request": memory / n if impl in ("scrapy-redis", "spine") else None,
     }
 
@@ -171,7 +281,7 @@ def run_child(impl: str, args: argparse.Namespace, rtt_ms: float) -> dict[str, A
         try:
             out = subprocess.run(
                 [python, __file__, "--child", impl, "--n", str(args.n), "--settings", args.settings,
-                 "--hosts", str(args.hosts), "--redis-url", url],
+                 "--hosts", str(args.hosts), "--redis-url", url, "--mode", args.mode],
                 check=True, capture_output=True, text=True, timeout=args.timeout,
                 cwd=tempfile.gettempdir(), env=_child_env(),
             )
@@ -201,12 +311,17 @@ def main() -> int:
     parser.add_argument("--settings", default="",
                         help="extra settings for the spine, NAME=VALUE,... (e.g. "
                         "REDISSPINE_LOCAL_REQUEST_CACHE=0)")
+    parser.add_argument("--mode", choices=("inline", "loop"), default="inline",
+                        help="inline: every call waited for on this thread (the issue's "
+                        "figure); loop: driven on an asyncio loop, Redis calls parked in "
+                        "greenlets as in a crawl")
     parser.add_argument("--timeout", type=float, default=600)
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--redis-url", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(child(args.child, args.n, args.hosts, args.redis_url, args.settings)))
+        print(json.dumps(child(args.child, args.n, args.hosts, args.redis_url,
+                               extra=args.settings, mode=args.mode)))
         return 0
     impls = [impl for impl in args.impls.split(",") if impl]
     plan = [(impl, 0.0) for impl in impls]
@@ -220,7 +335,8 @@ def main() -> int:
                 print(f"{result['impl']}: took {result['taken']} of {args.n}!", flush=True)
             print(json.dumps({"run": run, **result}), flush=True)
             results.setdefault(result["impl"], []).append(result)
-    print(f"\nmedians of {args.runs} run(s), N={args.n} over {args.hosts} hosts")
+    print(f"\nmedians of {args.runs} run(s), N={args.n} over {args.hosts} hosts, "
+          f"--mode {args.mode}")
     print("| scheduler | requests/s (enqueue+lease+ack) | enqueue s | lease+ack s "
           "| Redis bytes/queued request | vs scrapy |")
     print("|---|---|---|---|---|---|")

@@ -60,6 +60,17 @@ def test_scheduler_micro_benchmark_smoke() -> None:
     assert {run["impl"] for run in runs} == {"scrapy", "spine", "spine@1ms"}
     assert all(run["taken"] == 300 for run in runs), runs
     assert next(run for run in runs if run["impl"] == "spine")["redis_bytes_per_request"] > 0
+    assert next(run for run in runs if run["impl"] == "spine")["redis_calls"] == "inline"
+
+    # driven on an asyncio loop, the spine's calls parked in greenlets: every request
+    # taken back, each phase timed
+    command = [sys.executable, str(ROOT / "benchmarks" / "scheduler_micro.py"),
+               "--impls", "scrapy,spine", "--n", "300", "--runs", "1", "--mode", "loop"]
+    out = subprocess.run(command, check=True, capture_output=True, text=True, timeout=120)
+    runs = [json.loads(line) for line in out.stdout.splitlines() if line.startswith('{"run"')]
+    assert [(run["impl"], run["mode"], run["taken"], run["redis_calls"]) for run in runs] == [
+        ("scrapy", "loop", 300, None), ("spine", "loop", 300, "greenlets")]
+    assert all(run["enqueue_s"] > 0 and run["drain_s"] > 0 for run in runs), runs
 
     command = [sys.executable, str(ROOT / "benchmarks" / "micro_breakdown.py"), "--n", "300"]
     out = subprocess.run(command, check=True, capture_output=True, text=True, timeout=120)
