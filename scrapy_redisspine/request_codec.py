@@ -49,11 +49,12 @@ _DEFAULTS: dict[str, Any] = {
     "cb_kwargs": {}, "callback": None, "errback": None,
 }
 
-#: ``Request.attributes`` as :meth:`RequestCodec._plain_to_dict` knows them, in their
-#: order (a payload's map keeps it); a Scrapy with others takes the general path.
+#: ``Request.attributes`` as :meth:`RequestCodec._plain_to_dict` knows them, in the
+#: order recent Scrapy lists them in (2.13 lists them in another; the order of a payload's
+#: map changes no decoded request); a Scrapy with other fields takes the general path.
 _PLAIN_FIELDS = ("url", "headers", "body", "cookies", "meta", "encoding", "flags",
                  "cb_kwargs", "callback", "dont_filter", "errback", "method", "priority")
-_PLAIN_FIELDS_KNOWN = tuple(Request.attributes) == _PLAIN_FIELDS
+_PLAIN_FIELDS_KNOWN = set(Request.attributes) == set(_PLAIN_FIELDS)
 
 #: What is never a callback, on either side: scrapy.Spider's own attributes
 #: (``__init__``, ``start``, ``_set_crawler`` ...) except ``parse`` and ``_parse``
@@ -173,7 +174,7 @@ class RequestCodec:
 
     def _plain_to_dict(self, request: Request) -> dict[str, Any]:
         """What :meth:`_to_dict` gives a plain ``Request`` (its fields that differ from
-        ``_DEFAULTS``, in ``Request.attributes`` order), built field by field rather
+        ``_DEFAULTS``, in ``_PLAIN_FIELDS`` order), built field by field rather
         than all fields read and the defaults deleted: about half the time of every
         enqueued request's encode (benchmarks/RESULTS.md, session 15). Used where
         Scrapy's ``Request.attributes`` are the ones this was written for."""
