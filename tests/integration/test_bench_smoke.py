@@ -2,9 +2,9 @@
 
 Keeps ``benchmarks/crawl_compare.py`` (and the latency proxy it uses for the
 remote-Redis runs), ``scheduler_micro.py``, ``micro_breakdown.py``, ``queue_memory.py``,
-``shard_scaling.py``, ``cluster_groups.py``, ``script_cost.py``, ``bloom_lua_costs.py``
-and ``lua_profile.py`` from rotting: every reachable page fetched once, every queued
-request taken back.
+``shard_scaling.py``, ``cluster_groups.py``, ``script_cost.py``, ``bloom_lua_costs.py``,
+``lua_profile.py`` and ``client_costs.py`` from rotting: every reachable page fetched
+once, every queued request taken back.
 """
 
 from __future__ import annotations
@@ -162,3 +162,20 @@ def test_lua_profile_benchmark_smoke() -> None:
     for name, labels in (("lease", {"libraries", "lanes_write", "tail"}),
                          ("enqueue", {"libraries", "acks", "dedup", "tail"})):
         assert labels <= set(report[name]["sections"]), report[name]
+
+
+@pytest.mark.e2e
+def test_client_costs_benchmark_smoke() -> None:
+    # both packers and both encode paths timed, for each kind of call and request
+    command = [sys.executable, str(ROOT / "benchmarks" / "client_costs.py"),
+               "--number", "20", "--repeat", "1"]
+    out = subprocess.run(command, check=True, capture_output=True, text=True, timeout=120)
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert set(report) == {
+        f"pack_{call}_{packer}_us" for call in ("enqueue", "ack")
+        for packer in ("redis_py", "hiredis_first")
+    } | {
+        f"encode_{request}_{path}_us" for request in ("bare", "callback_depth")
+        for path in ("general", "plain")
+    }
+    assert all(value > 0 for value in report.values()), report
