@@ -10,7 +10,13 @@ script time (``INFO commandstats``), per request:
 - ``server``: EVALSHA time inside Redis (the scripts), per phase;
 - ``other``: the rest of the scheduler's own Python.
 
+With ``--by-script``, Redis logs every command it runs (``SLOWLOG``, threshold 0) and
+the report adds each script's server µs per request (``lease``, ``enqueue``: the
+enqueues and the acks) and, by name, the commands the scripts called (their time is
+part of their script's); logging every command slows the run a little.
+
     .venv/bin/python benchmarks/micro_breakdown.py --n 10000
+    .venv/bin/python benchmarks/micro_breakdown.py --n 10000 --by-script
 """
 
 from __future__ import annotations
@@ -43,6 +49,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--n", type=int, default=10000)
     parser.add_argument("--hosts", type=int, default=100)
+    parser.add_argument("--by-script", action="store_true",
+                        help="server µs per request of each script and command (SLOWLOG)")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
     import redis
@@ -63,8 +71,12 @@ def main() -> int:
     server_us: dict[str, float] = {}
     with RedisServer() as server:
         client = redis.Redis.from_url(server.url)
+        if args.by_script:
+            client.config_set("slowlog-log-slower-than", 0)
+            client.config_set("slowlog-max-len", 50 * args.n)
         result = scheduler_micro.child("spine", args.n, args.hosts, server.url)
         server_us["total"] = client.info("commandstats")["cmdstat_evalsha"]["usec"]
+        by_script = _by_script(client.slowlog_get(50 * args.n), args.n) if args.by_script else {}
         client.close()
     enqueue_parts = totals["fingerprint"] + totals["encode"] + totals["send"]
     drain_parts = totals["decode"] + totals["send+lease"]
@@ -81,9 +93,30 @@ def main() -> int:
         "send_and_lease_us": round(totals["send+lease"] * per, 1),
         "drain_other_us": round((result["drain_s"] - drain_parts) * per, 1),
         "server_scripts_us": round(server_us["total"] / args.n, 1),
+        **({"server_us_by_script": by_script} if args.by_script else {}),
     }
     print(json.dumps(report))
     return 0
+
+
+def _by_script(log: list[dict[str, Any]], n: int) -> dict[str, float]:
+    """Server µs per request of each script (by name) and each other command, from
+    the SLOWLOG entries of a run of ``n`` requests, largest first."""
+    import hashlib
+
+    from scrapy_redisspine import scripts
+
+    names = {hashlib.sha1(scripts.source(name).encode()).hexdigest(): name
+             for name in scripts.SCRIPT_NAMES}
+    totals: dict[str, float] = defaultdict(float)
+    for entry in log:
+        words = entry["command"].split(b" ")
+        name = words[0].decode(errors="replace").upper()
+        if name == "EVALSHA" and len(words) > 1:
+            name = names.get(words[1].decode(errors="replace"), "EVALSHA ?")
+        totals[name] += entry["duration"]
+    return {name: round(us / n, 2)
+            for name, us in sorted(totals.items(), key=lambda item: -item[1]) if us / n >= 0.05}
 
 
 if __name__ == "__main__":

@@ -72,11 +72,15 @@ def test_scheduler_micro_benchmark_smoke() -> None:
         ("scrapy", "loop", 300, None), ("spine", "loop", 300, "greenlets")]
     assert all(run["enqueue_s"] > 0 and run["drain_s"] > 0 for run in runs), runs
 
-    command = [sys.executable, str(ROOT / "benchmarks" / "micro_breakdown.py"), "--n", "300"]
+    command = [sys.executable, str(ROOT / "benchmarks" / "micro_breakdown.py"), "--n", "300",
+               "--by-script"]
     out = subprocess.run(command, check=True, capture_output=True, text=True, timeout=120)
     report = json.loads(out.stdout.strip().splitlines()[-1])
     assert report["server_scripts_us"] > 0
     assert report["send_and_lease_us"] > 0
+    assert report["server_us_by_script"]["lease"] > 0  # every script's sha is named
+    assert report["server_us_by_script"]["enqueue"] > 0
+    assert "EVALSHA ?" not in report["server_us_by_script"]
 
 
 @pytest.mark.e2e
