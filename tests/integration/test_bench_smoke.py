@@ -140,6 +140,16 @@ def test_script_cost_benchmark_smoke() -> None:
         assert report[phase]["requests"] == 200, report
         assert report[phase]["script_us"] > 0, report
 
+    # the floor's scripts take the same workload through: all of it, once
+    out = subprocess.run([*command, "--floor"], check=True, capture_output=True, text=True,
+                         timeout=120)
+    reports = json.loads(out.stdout)
+    assert set(reports) == {"frontier", "floor"}
+    for report in reports.values():
+        assert report["left_queued_inflight"] == {"queued": 0, "inflight": 0}, report
+        for phase in ("enqueue", "lease", "ack"):
+            assert report[phase]["requests"] == 200, report
+
 
 def test_bloom_lua_costs_benchmark_smoke(tmp_path: Path) -> None:
     # every part timed (the server ran each script), the real checks among them
