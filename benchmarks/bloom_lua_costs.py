@@ -15,6 +15,10 @@ of ``--reps``; the empty script's time is taken off every part):
 - ``bitfield_get`` / ``bitfield_set``: the k bits read (or set, which answers the old
   bits: test and record in one) as ``u1`` fields of one ``BITFIELD`` per batch, the
   arguments built in Lua: no call per fingerprint, but one field per bit;
+- ``word_check``: a layout not built, for comparison: all of a fingerprint's bits
+  in one 32-bit word, the batch's words read by one ``BITFIELD`` and the changed
+  ones written by another (its false-positive rate, worse than a 64-byte block's at
+  the same bits per fingerprint, not measured here);
 - ``bitmap_check`` / ``set_check``: the real thing, ``seen.lua`` on a bitmap record
   and on a SET record (new fingerprints).
 
@@ -87,6 +91,41 @@ for i = 1, #ARGV do
   end
 end
 return #redis.call("BITFIELD", KEYS[1], unpack(args, 1, m))""",
+    # A layout not built: all k = 7 bits of a fingerprint in one 32-bit word, every
+    # word of the batch read by one BITFIELD (GET u32 #word), tested in Lua (bitop),
+    # the changed words written by a second one (SET u32); a word two fingerprints of
+    # the batch share is read once and kept up to date in Lua.
+    "word_check": """
+local get, words_at = {}, {}
+for i = 1, #ARGV do
+  local b1, b2, b3 = string.byte(ARGV[i], 1, 3)
+  words_at[i] = "#" .. ((b1 * 256 + b2) * 256 + b3) % 65536
+  get[3 * i - 2], get[3 * i - 1], get[3 * i] = "GET", "u32", words_at[i]
+end
+local words = redis.call("BITFIELD", KEYS[1], unpack(get))
+local set, m, known, new = {}, 0, {}, 0
+for i = 1, #ARGV do
+  local at = words_at[i]
+  local value = known[at] or bit.tobit(words[i])
+  local b4, b5 = string.byte(ARGV[i], 4, 5)
+  local a, b = b4 % 32, b5 % 31 + 1
+  local mask = 0
+  for j = 0, 6 do
+    mask = bit.bor(mask, bit.lshift(1, (a + j * b + (j * j * j - j) / 6) % 32))
+  end
+  if bit.band(value, mask) ~= mask then
+    value = bit.bor(value, mask)
+    known[at] = value
+    set[m + 1], set[m + 2], set[m + 3] = "SET", "u32", at
+    set[m + 4] = value < 0 and value + 4294967296 or value
+    m = m + 4
+    new = new + 1
+  end
+end
+if m > 0 then
+  redis.call("BITFIELD", KEYS[1], unpack(set, 1, m))
+end
+return new""",
 }
 
 
@@ -98,6 +137,17 @@ def _best_us(client: Any, run: Any, reps: int, calls: int) -> float:
             run()
         best = min(best, float(client.info("commandstats")["cmdstat_evalsha"]["usec_per_call"]))
     return best
+
+
+def _check_word_layout(client: Any, fingerprints: list[bytes]) -> None:
+    """``word_check`` is a working filter, or its time means nothing: a batch of new
+    fingerprints is all new, the same batch again all seen (no false negative)."""
+    script = client.register_script(PARTS["word_check"])
+    keys = ["bench:words", "bench:unused"]
+    first, again = script(keys=keys, args=fingerprints), script(keys=keys, args=fingerprints)
+    client.delete(*keys)
+    if again != 0 or not 0 < first <= len(fingerprints):
+        raise SystemExit(f"word_check is no filter: {first} new, then {again} new again")
 
 
 def measure(batch: int, reps: int, calls: int) -> dict[str, float]:
@@ -112,6 +162,7 @@ def measure(batch: int, reps: int, calls: int) -> dict[str, float]:
             tag = next(salt)
             return [hashlib.sha1(f"{tag}-{i}".encode()).digest() for i in range(batch)]
 
+        _check_word_layout(client, batch_of_new())
         for name, source in PARTS.items():
             script = client.register_script(source)
 

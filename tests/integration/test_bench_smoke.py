@@ -159,7 +159,8 @@ def test_bloom_lua_costs_benchmark_smoke(tmp_path: Path) -> None:
     subprocess.run(command, check=True, capture_output=True, text=True, timeout=120)
     costs = json.loads(out.read_text())
     assert set(costs) == {"sadd", "hash_math", "getrange", "setrange", "bitfield_get",
-                          "bitfield_set", "set_check", "bitmap_check"}, costs
+                          "bitfield_set", "word_check", "set_check", "bitmap_check"}, costs
+    assert costs["word_check"] > 0, costs  # (it checked itself: new, then seen)
     assert costs["bitmap_check"] > 0, costs
     assert costs["set_check"] > 0, costs
 
