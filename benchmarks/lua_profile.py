@@ -21,7 +21,6 @@ does on every call (each ``local function`` is a new closure).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import sys
 from pathlib import Path
@@ -30,8 +29,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.script_cost import drive  # noqa: E402
 from scrapy_redisspine import scripts  # noqa: E402
-from scrapy_redisspine.frontier import Frontier, NewRequest  # noqa: E402
+from scrapy_redisspine.frontier import Frontier  # noqa: E402
 from scrapy_redisspine.keys import CrawlKeys  # noqa: E402
 from scrapy_redisspine.testing.redis_server import RedisServer  # noqa: E402
 
@@ -109,12 +109,6 @@ def instrument(name: str, text: str) -> str:
     return text.replace(_FINAL[name], f'__flush("{name}")\n{_FINAL[name]}')
 
 
-def _requests(n: int, hosts: int, start: int) -> list[NewRequest]:
-    return [NewRequest(f"http://h{i % hosts}.example/p/{i}".encode(),
-                       hashlib.sha1(str(i).encode()).digest(), lane=f"h{i % hosts}.example")
-            for i in range(start, start + n)]
-
-
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     plain = scripts.source
 
@@ -127,20 +121,12 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             client = server.client()
             frontier = Frontier(client, CrawlKeys("bench", "profile"), "w1", concurrency=1)
             frontier.register(flush=False, alive_ms=60_000, spider="bench")
-            requests = {"lease": 0, "enqueue": 0}
-            for round_ in range(args.rounds):
-                new = _requests(args.n, args.hosts, round_ * args.n)
-                for i in range(0, len(new), 100):
-                    frontier.enqueue(new[i:i + 100])
-                requests["enqueue"] += len(new)
-                while True:
-                    handles = [lease.handle for _ in range(6)
-                               for lease in frontier.lease(args.lease).leases]
-                    requests["lease"] += len(handles)
-                    if not handles:
-                        break
-                    for i in range(0, len(handles), args.lease):
-                        frontier.ack(handles[i:i + args.lease])
+            requests = {"lease": 0, "enqueue": 0, "ack": 0}
+
+            def count(phase: str, n: int) -> None:
+                requests[phase] += n
+
+            drive(frontier, args, after=count)
             report: dict[str, Any] = {}
             for name in MARKS:
                 raw = {k.decode(): int(v) for k, v in client.hgetall(f"prof:{name}").items()}

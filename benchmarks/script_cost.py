@@ -30,7 +30,7 @@ import hashlib
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -38,6 +38,9 @@ sys.path.insert(0, str(ROOT))
 from scrapy_redisspine.frontier import Frontier, NewRequest  # noqa: E402
 from scrapy_redisspine.keys import CrawlKeys  # noqa: E402
 from scrapy_redisspine.testing.redis_server import RedisServer  # noqa: E402
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 _NOT_INNER = {"cmdstat_evalsha", "cmdstat_config|resetstat", "cmdstat_info",
               "cmdstat_script|load"}
@@ -67,10 +70,38 @@ class Phase:
                 "commands": round(self.inner_calls / per, 2)}
 
 
-def _requests(n: int, hosts: int, start: int) -> list[NewRequest]:
+def workload_requests(n: int, hosts: int, start: int) -> list[NewRequest]:
+    """``n`` new plain GETs over ``hosts`` lanes, numbered from ``start``."""
     return [NewRequest(f"http://h{i % hosts}.example/p/{i}".encode(),
                        hashlib.sha1(str(i).encode()).digest(), lane=f"h{i % hosts}.example")
             for i in range(start, start + n)]
+
+
+def drive(
+    frontier: Frontier, args: argparse.Namespace,
+    before: Callable[[], object] = lambda: None,
+    after: Callable[[str, int], object] = lambda phase, requests: None,
+) -> None:
+    """The workload (the module docstring) through ``frontier``; ``before()`` and
+    ``after(phase, requests)`` around each phase: the enqueue of a round, each lease
+    of six calls, the acks of what it leased."""
+    for round_ in range(args.rounds):
+        before()
+        new = workload_requests(args.n, args.hosts, round_ * args.n)
+        for i in range(0, len(new), 100):
+            frontier.enqueue(new[i:i + 100])
+        after("enqueue", len(new))
+        while True:
+            before()
+            handles = [lease.handle for _ in range(6)
+                       for lease in frontier.lease(args.lease).leases]
+            after("lease", len(handles))
+            if not handles:
+                break
+            before()
+            for i in range(0, len(handles), args.lease):
+                frontier.ack(handles[i:i + args.lease])
+            after("ack", len(handles))
 
 
 def measure(args: argparse.Namespace) -> dict[str, dict[str, float]]:
@@ -79,23 +110,8 @@ def measure(args: argparse.Namespace) -> dict[str, dict[str, float]]:
         client = server.client()
         frontier = Frontier(client, CrawlKeys("bench", "scripts"), "w1", concurrency=1)
         frontier.register(flush=False, alive_ms=60_000, spider="bench")
-        for round_ in range(args.rounds):
-            client.config_resetstat()
-            new = _requests(args.n, args.hosts, round_ * args.n)
-            for i in range(0, len(new), 100):
-                frontier.enqueue(new[i:i + 100])
-            phases["enqueue"].add(client.info("commandstats"), len(new))
-            while True:
-                client.config_resetstat()
-                handles = [lease.handle for _ in range(6)
-                           for lease in frontier.lease(args.lease).leases]
-                phases["lease"].add(client.info("commandstats"), len(handles))
-                if not handles:
-                    break
-                client.config_resetstat()
-                for i in range(0, len(handles), args.lease):
-                    frontier.ack(handles[i:i + args.lease])
-                phases["ack"].add(client.info("commandstats"), len(handles))
+        drive(frontier, args, client.config_resetstat,
+              lambda phase, requests: phases[phase].add(client.info("commandstats"), requests))
         left = (client.zcard(frontier.keys.queue), client.hlen(frontier.keys.inflight))
     report = {name: phase.row() for name, phase in phases.items()}
     report["left_queued_inflight"] = {"queued": left[0], "inflight": left[1]}
@@ -180,7 +196,7 @@ def measure_floor(args: argparse.Namespace) -> dict[str, dict[str, float]]:
                                for source in (FLOOR_ENQUEUE, FLOOR_LEASE, FLOOR_ACK))
         for round_ in range(args.rounds):
             client.config_resetstat()
-            new = _requests(args.n, args.hosts, round_ * args.n)
+            new = workload_requests(args.n, args.hosts, round_ * args.n)
             for i in range(0, len(new), 100):
                 batch: list[Any] = [prefix, 0]
                 for request in new[i:i + 100]:

@@ -55,6 +55,11 @@ _DEFAULTS: dict[str, Any] = {
 _PLAIN_FIELDS = ("url", "headers", "body", "cookies", "meta", "encoding", "flags",
                  "cb_kwargs", "callback", "dont_filter", "errback", "method", "priority")
 _PLAIN_FIELDS_KNOWN = set(Request.attributes) == set(_PLAIN_FIELDS)
+#: The fields after ``url`` and ``headers``, each with its default, the default's type,
+#: and whether it is a method stored by name.
+_PLAIN_PLAN = tuple((field, _DEFAULTS[field], type(_DEFAULTS[field]),
+                     field in ("callback", "errback"))
+                    for field in _PLAIN_FIELDS if field not in ("url", "headers"))
 
 #: What is never a callback, on either side: scrapy.Spider's own attributes
 #: (``__init__``, ``start``, ``_set_crawler`` ...) except ``parse`` and ``_parse``
@@ -182,31 +187,13 @@ class RequestCodec:
         headers = request.headers
         if headers:
             data["headers"] = [[name, list(values)] for name, values in headers.items()]
-        body, cookies, meta = request.body, request.cookies, request.meta
-        if type(body) is not bytes or body:
-            data["body"] = body
-        if type(cookies) is not dict or cookies:
-            data["cookies"] = cookies
-        if type(meta) is not dict or meta:
-            data["meta"] = meta
-        encoding, flags, cb_kwargs = request.encoding, request.flags, request.cb_kwargs
-        if type(encoding) is not str or encoding != "utf-8":
-            data["encoding"] = encoding
-        if type(flags) is not list or flags:
-            data["flags"] = flags
-        if type(cb_kwargs) is not dict or cb_kwargs:
-            data["cb_kwargs"] = cb_kwargs
-        if request.callback is not None:
-            data["callback"] = self._name(request.callback, request, "callback")
-        if type(request.dont_filter) is not bool or request.dont_filter:
-            data["dont_filter"] = request.dont_filter
-        if request.errback is not None:
-            data["errback"] = self._name(request.errback, request, "errback")
-        method, priority = request.method, request.priority
-        if type(method) is not str or method != "GET":
-            data["method"] = method
-        if type(priority) is not int or priority:
-            data["priority"] = priority
+        for field, default, kind, named in _PLAIN_PLAN:
+            value = getattr(request, field)
+            if named:  # callback, errback: stored by name
+                if value is not None:
+                    data[field] = self._name(value, request, field)
+            elif type(value) is not kind or value != default:
+                data[field] = value
         return data
 
     def _name(self, func: Callable[..., Any] | None, request: Request, field: str) -> str | None:
