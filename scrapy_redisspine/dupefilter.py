@@ -28,6 +28,7 @@ from scrapy.utils.request import referer_str
 
 from scrapy_redisspine._clock import Clock, CrawlClock, DelayedCall
 from scrapy_redisspine.dedup import IMPL_BITMAP, MODE_SET, Dedup, DedupParams, MaintenanceStep
+from scrapy_redisspine.fingerprints import same_fingerprinter
 from scrapy_redisspine.keys import CrawlKeys
 from scrapy_redisspine.placement import locate
 from scrapy_redisspine.settings import SpineConfig, load_config
@@ -87,7 +88,8 @@ class RedisDupeFilter(BaseDupeFilter):
         crawler: Crawler | None = None,
         clock: Clock | None = None,
     ) -> None:
-        self.fingerprinter = fingerprinter
+        #: Scrapy's fingerprints, short-cut for plain URLs (``fingerprints.py``).
+        self.fingerprinter = same_fingerprinter(fingerprinter)
         self.config = config
         self.stats = stats
         self.debug = debug

@@ -17,6 +17,7 @@ from scrapy.utils.request import RequestFingerprinter
 
 from scrapy_redisspine.dupefilter import fingerprint_request
 from scrapy_redisspine.feed_entries import FeedEntry
+from scrapy_redisspine.fingerprints import same_fingerprinter
 from scrapy_redisspine.frontier import EnqueueResult, Frontier, NewRequest
 from scrapy_redisspine.keys import DEFAULT_GROUP, CrawlKeys
 from scrapy_redisspine.placement import locate
@@ -69,7 +70,7 @@ class EntryEncoder:
     def __init__(
         self, options: PushOptions, fingerprinter: RequestFingerprinterProtocol | None = None
     ) -> None:
-        self._fingerprinter = fingerprinter or RequestFingerprinter()
+        self._fingerprinter = same_fingerprinter(fingerprinter or RequestFingerprinter())
         self._tracking = (tracking_params(options.extra_tracking_params)
                           if options.strip_tracking_params else None)
         self._lane = make_lane_function(options.politeness_key)
