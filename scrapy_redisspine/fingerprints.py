@@ -18,9 +18,10 @@ Three guards keep them identical:
   difference (another Scrapy or w3lib version computing otherwise) turns the short
   cut off for good, with a log line;
 - per request, the short cut takes only a plain shape: ``http``/``https``, a lowercase
-  host of letters, digits, dots and hyphens, perhaps a port, a path of unreserved
-  characters and ``/`` with no dot segment, and perhaps a query of ``name=value`` pairs
-  of unreserved characters; no fragment, no ``verbatim_url`` meta.
+  host of letters, digits, dots and hyphens (or a dotted-quad IPv4 address), perhaps
+  a port, a path of unreserved characters, ``/`` and upper-case escapes of non-ASCII
+  bytes or spaces with no dot segment, and perhaps a query of ``name=value`` pairs of
+  unreserved characters; no fragment, no ``verbatim_url`` meta.
 """
 
 from __future__ import annotations
@@ -45,11 +46,15 @@ _OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
 #: normalise differently, so they take the long way.
 _HOST = rf"(?:(?:{_LABEL}\.)*(?=[a-z0-9-]*[a-z]){_LABEL}|(?:{_OCTET}\.){{3}}{_OCTET})"
 _UNRESERVED = r"A-Za-z0-9._~\-"
+#: Percent escapes canonicalize_url writes back as they are: upper-case hex of a byte
+#: it always escapes (non-ASCII, e.g. UTF-8 text, or a space). Others it may decode
+#: ("%41" is "A"), or treat apart ("%2F", "%25"), as its versions differ.
+_ESCAPE = r"%(?:[89A-F][0-9A-F]|20)"
 #: A URL the short cut may take: group 1 is everything up to the path's end, group 2
 #: the port (if any), group 3 the query (if any).
 _PLAIN_URL = re.compile(
     rf"(https?://{_HOST}(?::([1-9][0-9]{{0,4}}))?"
-    rf"/[{_UNRESERVED}/]*)(?:\?([{_UNRESERVED}=&]*))?"
+    rf"/(?:[{_UNRESERVED}/]|{_ESCAPE})*)(?:\?([{_UNRESERVED}=&]*))?"
 )
 _PAIR = re.compile(rf"[{_UNRESERVED}]+=[{_UNRESERVED}]*")
 #: Methods JSON writes as they are (Scrapy upper-cases a request's method).
@@ -60,6 +65,7 @@ _PROBES = (
     ("GET", "https://h1.example:8080/p/12/a-b_c.d~e", b""),
     ("GET", "http://example.com:80/", b""),
     ("GET", "http://127.0.0.2:8080/p/1", b""),
+    ("GET", "http://example.com/caf%C3%A9/a%20b", b""),
     ("POST", "http://shop.example/cart/add", b'{"id": 7}'),
     ("GET", "http://shop.example/list?page=2&cat=shoes&sort=", b""),
     ("GET", "http://shop.example/list?b=2&a=1&a=0", b""),
