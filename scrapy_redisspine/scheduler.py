@@ -59,6 +59,7 @@ from scrapy_redisspine._starts import StartRegistry
 from scrapy_redisspine.connection import is_cooperative
 from scrapy_redisspine.dedup import DedupConfigError
 from scrapy_redisspine.dupefilter import RedisDupeFilter, fleet_dupefilter
+from scrapy_redisspine.fingerprints import same_fingerprinter
 from scrapy_redisspine.frontier import (
     CorruptKeyError,
     EnqueueResult,
@@ -75,6 +76,7 @@ if TYPE_CHECKING:
     from scrapy import Request, Spider
     from scrapy.crawler import Crawler
     from scrapy.statscollectors import StatsCollector
+    from scrapy.utils.request import RequestFingerprinterProtocol
 
     from scrapy_redisspine.sharded import AnyFrontier
 
@@ -123,6 +125,9 @@ class Scheduler(BaseScheduler):
         self.book = LeaseBook()
         self.starts = StartRegistry()
         self._remote_dedup = isinstance(dupefilter, RedisDupeFilter)
+        #: The crawler's fingerprinter, short-cut (fingerprints.py), with another
+        #: DUPEFILTER_CLASS; made at the first request.
+        self._fingerprinter: RequestFingerprinterProtocol | None = None
         self._idle_poll = Periodic(
             "idle poll", self._on_idle_poll, config.idle_poll_seconds, self.clock, stats
         )
@@ -490,6 +495,8 @@ class Scheduler(BaseScheduler):
     def _fingerprint(self, request: Request) -> bytes:
         if isinstance(self.df, RedisDupeFilter):
             return self.df.fingerprint(request)
-        assert self.crawler is not None
-        return bytes(self.crawler.request_fingerprinter.fingerprint(request))
+        if self._fingerprinter is None:
+            assert self.crawler is not None
+            self._fingerprinter = same_fingerprinter(self.crawler.request_fingerprinter)
+        return bytes(self._fingerprinter.fingerprint(request))
 

@@ -196,3 +196,26 @@ def test_wrapping_is_done_once(scrapys: RequestFingerprinter) -> None:
     same = same_fingerprinter(scrapys)
     assert isinstance(same, SameFingerprinter)
     assert same_fingerprinter(same) is same
+
+
+def test_the_scheduler_short_cuts_with_another_dupefilter() -> None:
+    """With another DUPEFILTER_CLASS the scheduler still fingerprints start requests
+    (each is injected once per crawl): the same bytes as the crawler's fingerprinter."""
+    from scrapy.dupefilters import BaseDupeFilter
+    from scrapy.statscollectors import MemoryStatsCollector
+    from scrapy.utils.test import get_crawler
+
+    from scrapy_redisspine.scheduler import Scheduler
+    from scrapy_redisspine.settings import load_config
+
+    crawler = get_crawler()
+    config = load_config({"REDISSPINE_REDIS_URL": "redis://127.0.0.1:1/0",
+                          "REDISSPINE_CRAWL_ID": "fingerprints"})
+    scheduler = Scheduler(config, BaseDupeFilter(), MemoryStatsCollector(crawler),
+                          crawler=crawler, worker_id="w1")
+    for url in ("http://example.com/a?b=1&a=2", "http://Example.com/a%2fb#x"):
+        request = Request(url)
+        assert scheduler._fingerprint(request) == crawler.request_fingerprinter.fingerprint(
+            request)
+    assert isinstance(scheduler._fingerprinter, SameFingerprinter)
+    assert scheduler._fingerprinter.short_cuts == 1
