@@ -21,6 +21,12 @@ local function call_in_chunks(command, key, args, flag)
 end
 
 local function hmget_in_chunks(key, fields)
+    if #fields <= 1000 then
+        if #fields == 0 then
+            return {}
+        end
+        return redis.call("HMGET", key, unpack(fields)) -- one chunk: its reply as it is
+    end
     local values = {}
     for i = 1, #fields, 1000 do
         local chunk = redis.call("HMGET", key, unpack(fields, i, math.min(i + 999, #fields)))
