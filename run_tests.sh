@@ -31,6 +31,18 @@ if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/
     fi
 fi
 
+# benchmarks/script_instructions.py (smoke-tested) counts a server's instructions
+# under valgrind's callgrind: installed here like chromium when it is missing.
+if ! command -v valgrind >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        echo "== installing valgrind (apt) for the instruction-count benchmark's smoke test"
+        (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq valgrind) \
+            >/dev/null 2>&1 || echo "valgrind not installable: its smoke test will fail"
+    else
+        echo "== no valgrind: the instruction-count smoke test will fail (apt-get install valgrind)"
+    fi
+fi
+
 # Each extra server of the matrix (PyPI wheels: Redis 6.2, the oldest we claim;
 # Redis 8.2; Valkey 9.1) runs what a server can change: every unit test that talks to a
 # real server (each Lua script and command the core sends; the fakeredis-only ones no

@@ -270,12 +270,21 @@ def _child_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(ROOT), path)))}
 
 
+def redis_config_args(config: str) -> list[str]:
+    """``--redis-config "name value, name value"`` as redis-server arguments."""
+    args: list[str] = []
+    for pair in filter(None, (part.strip() for part in config.split(","))):
+        name, _, value = pair.partition(" ")
+        args += [f"--{name}", value.strip()]
+    return args
+
+
 def run_child(impl: str, args: argparse.Namespace, rtt_ms: float) -> dict[str, Any]:
     sys.path.insert(0, str(ROOT))
     from benchmarks.crawl_compare import behind_proxy, bench_python
     from scrapy_redisspine.testing.redis_server import RedisServer
 
-    with RedisServer() as server:
+    with RedisServer(extra_args=redis_config_args(args.redis_config)) as server:
         proxy, url, measured_rtt = behind_proxy(server, rtt_ms, args.proxy_delay_ms)
         python = bench_python() if impl == "scrapy-redis" else sys.executable
         try:
@@ -316,6 +325,9 @@ def main() -> int:
                         "figure); loop: driven on an asyncio loop, Redis calls parked in "
                         "greenlets as in a crawl")
     parser.add_argument("--timeout", type=float, default=600)
+    parser.add_argument("--redis-config", default="",
+                        help="the throwaway redis-server's settings, 'name value, ...' "
+                             "(e.g. 'hash-max-listpack-entries 16, zset-max-listpack-entries 16')")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--redis-url", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -336,7 +348,7 @@ def main() -> int:
             print(json.dumps({"run": run, **result}), flush=True)
             results.setdefault(result["impl"], []).append(result)
     print(f"\nmedians of {args.runs} run(s), N={args.n} over {args.hosts} hosts, "
-          f"--mode {args.mode}")
+          f"--mode {args.mode}" + (f", Redis: {args.redis_config}" if args.redis_config else ""))
     print("| scheduler | requests/s (enqueue+lease+ack) | enqueue s | lease+ack s "
           "| Redis bytes/queued request | vs scrapy |")
     print("|---|---|---|---|---|---|")

@@ -180,6 +180,20 @@ def test_lua_profile_benchmark_smoke() -> None:
 
 
 @pytest.mark.e2e
+def test_script_instructions_benchmark_smoke() -> None:
+    # the server runs under callgrind, every phase is dumped and counted, every request
+    # leased and acked; the server settings reach it
+    command = [sys.executable, str(ROOT / "benchmarks" / "script_instructions.py"),
+               "--rounds", "1", "--n", "200", "--hosts", "20", "--json",
+               "--redis-config", "hash-max-listpack-entries 16"]
+    out = subprocess.run(command, check=True, capture_output=True, text=True, timeout=300)
+    report = json.loads(out.stdout)
+    assert report["requests"] == {"enqueue": 200, "lease": 200, "ack": 200}, report
+    assert report["left_queued_inflight"] == [0, 0], report
+    assert all(n > 1000 for n in report["instructions_per_request"].values()), report
+
+
+@pytest.mark.e2e
 def test_client_costs_benchmark_smoke() -> None:
     # both packers and both encode paths timed, for each kind of call and request
     command = [sys.executable, str(ROOT / "benchmarks" / "client_costs.py"),
