@@ -98,3 +98,28 @@ def test_embedded_start_and_join_log_the_version(
     assert f"starting embedded redis-server {binary} ({version}) at" in caplog.text
     assert f"joining embedded redis-server at {directory / 'redis.sock'} ({version})" \
         in caplog.text
+
+
+def test_the_embedded_server_keeps_lane_keys_out_of_listpacks(tmp_path: Path) -> None:
+    """Embedded mode's server ends compact encodings at 16 entries (connection.py says
+    why): a lane HASH or ZSET of 20 lanes is a hash table / skiplist there, and a small
+    one stays compact."""
+    import redis
+
+    directory = tmp_path / "e"
+    try:
+        url = ensure_embedded_server(directory)
+        client = redis.Redis.from_url(url)
+        try:
+            assert client.config_get("hash-max-ziplist-entries") == {
+                "hash-max-ziplist-entries": "16"}
+            client.hset("busy", mapping={f"lane{i}": 1 for i in range(20)})
+            client.zadd("hosts", {f"lane{i}": i for i in range(20)})
+            client.hset("small", mapping={"a": 1})
+            assert client.object("encoding", "busy") == b"hashtable"
+            assert client.object("encoding", "hosts") == b"skiplist"
+            assert client.object("encoding", "small") in (b"listpack", b"ziplist")
+        finally:
+            client.close()
+    finally:
+        shutdown_embedded_if_unused(directory)
