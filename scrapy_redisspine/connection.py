@@ -225,9 +225,9 @@ def _ping(socket_path: Path) -> bool:
 #: The frontier's lane HASHes and ZSETs (``busy``, ``backlog``, ``hosts``, ...) hold a
 #: field per lane, and in-flight's ``leases`` and ``owned`` a member per lease: in a
 #: listpack every read and write of one scans the key, so with 20 to 128 lanes each
-#: costs up to ~100 comparisons instead of a hash lookup. At 16 the scripts run ~19 %
-#: fewer instructions per request (benchmarks/RESULTS.md, session 17) for a few KB
-#: more per crawl; a request's own bytes do not change. The ``ziplist`` names are the
+#: costs up to ~100 comparisons instead of a hash lookup. At 16 the scripts run 19-41 %
+#: fewer instructions per request, by server (benchmarks/RESULTS.md, session 17), for a
+#: few KB more per crawl; a request's own bytes do not change. The ``ziplist`` names are the
 #: ones Redis 6.2 knows; Redis 7+ and Valkey take them as aliases.
 EMBEDDED_ENCODING_ARGS = (
     "--hash-max-ziplist-entries", "16",
