@@ -159,8 +159,11 @@ def test_bloom_lua_costs_benchmark_smoke(tmp_path: Path) -> None:
     subprocess.run(command, check=True, capture_output=True, text=True, timeout=120)
     costs = json.loads(out.read_text())
     assert set(costs) == {"sadd", "hash_math", "getrange", "setrange", "bitfield_get",
-                          "bitfield_set", "word_check", "set_check", "bitmap_check"}, costs
+                          "bitfield_set", "word_check", "hash_blocks", "set_check",
+                          "bitmap_check", "hash_field_overhead_bytes"}, costs
     assert costs["word_check"] > 0, costs  # (it checked itself: new, then seen)
+    assert costs["hash_blocks"] > 0, costs  # (so did this layout)
+    assert costs["hash_field_overhead_bytes"] > 0, costs
     assert costs["bitmap_check"] > 0, costs
     assert costs["set_check"] > 0, costs
 
