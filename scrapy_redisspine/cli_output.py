@@ -132,6 +132,18 @@ def _losses_and_feed(counters: dict[str, int | float]) -> list[str]:
     return lines
 
 
+def _packed_line(packed: list[dict[str, Any]] | None) -> list[str]:
+    """A hint when Redis keeps frontier keys packed past 16 entries (status.py's
+    ``_packed_keys``): the setting that ends it, and where the docs explain it."""
+    if not packed:
+        return []
+    names = ", ".join(dict.fromkeys(f"{key['key']} ({key['entries']})" for key in packed))
+    return [f"  hint: Redis keeps {names} as packed lists, scanned entry by entry on every "
+            f"lease and ack; hash-max-listpack-entries 16 and zset-max-listpack-entries 16 "
+            f"make the frontier cheaper (Operations, \"Redis settings that make the "
+            f"frontier cheaper\")"]
+
+
 def render_status(status: dict[str, Any]) -> str:
     """The readable status; a section with nothing to show is left out, not printed
     as an empty table."""
@@ -149,6 +161,7 @@ def render_status(status: dict[str, Any]) -> str:
         f"  dedup {dedup['mode']}: {dedup['set_size']} fingerprints in the SET, "
         f"{dedup['memory_bytes'] if dedup['memory_bytes'] is not None else '?'} bytes",
         f"  Redis memory: {_memory(status['redis_memory'])}",
+        *_packed_line(status.get("packed_keys")),
         *_items_line(status["items"]),
         *_losses_and_feed(status["counters"]),
         *([f"  fleet limit reached: every worker closes ({status['close_reason']})"]

@@ -236,6 +236,49 @@ def _redis_memory(client: redis.Redis, keys: CrawlKeys, budget_bytes: int) -> di
     return {"used_bytes": used, "max_bytes": maxmemory or None, "budget_bytes": budget}
 
 
+#: Entries past which a frontier key kept as a packed list costs more than it saves:
+#: the threshold Operations recommends ("Redis settings that make the frontier cheaper").
+PACKED_ENTRIES_HINT = 16
+_PACKED = frozenset({b"listpack", b"ziplist"})
+#: The frontier's keys with a field per lane or a member per lease, which every lease
+#: and ack reads or writes: name -> whether it is a HASH (else a ZSET).
+_PER_LANE_OR_LEASE = {"busy": True, "backlog": True, "host_next": True, "group_busy": True,
+                      "hosts": False, "leases": False, "owned": False}
+
+
+def _packed_keys(client: redis.Redis, keys: CrawlKeys) -> list[dict[str, Any]] | None:
+    """The frontier keys Redis keeps as one packed list (listpack, ziplist) although
+    they hold more than :data:`PACKED_ENTRIES_HINT` entries: every lease and ack scans
+    them entry by entry, which Redis's default thresholds (128) allow and which costs
+    Redis 19-41 % more work per request (benchmarks/RESULTS.md, session 17). Redis
+    says nothing of it, so ``status`` does. ``OBJECT ENCODING`` and ``HLEN``/``ZCARD``
+    are O(1). None when the server refuses ``OBJECT`` (an ACL, a managed Redis that
+    renames it, fakeredis): not known, nothing shown."""
+    pipe = client.pipeline(transaction=False)
+    checked = []
+    for view in _views(keys):
+        for name, is_hash in _PER_LANE_OR_LEASE.items():
+            key = getattr(view, name)
+            pipe.object("encoding", key)
+            if is_hash:
+                pipe.hlen(key)
+            else:
+                pipe.zcard(key)
+            checked.append((view, name))
+    try:
+        replies = pipe.execute()
+    except redis.ResponseError:
+        return None
+    packed = []
+    for (view, name), encoding, entries in zip(checked, replies[0::2], replies[1::2],
+                                               strict=True):
+        raw = encoding.encode() if isinstance(encoding, str) else encoding
+        if raw in _PACKED and int(entries) > PACKED_ENTRIES_HINT:
+            packed.append({"key": name, "shard": view.shard if keys.shards > 1 else None,
+                           "entries": int(entries), "encoding": _text(raw)})
+    return packed
+
+
 def _workers(
     client: redis.Redis, keys: CrawlKeys, now_ms: int, timeout_ms: int, rates: dict[str, float]
 ) -> list[dict[str, Any]]:
@@ -380,6 +423,7 @@ def read_status(
         "hosts": _hosts(client, keys, backlog, top_hosts, now_ms),
         "dedup": _dedup(client, keys),
         "redis_memory": _redis_memory(client, keys, memory_budget_bytes),
+        "packed_keys": _packed_keys(client, keys),
         "counters": counters,
         "fleet_stats": fleet,
         "errors": _errors(fleet),

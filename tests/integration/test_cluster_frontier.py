@@ -114,3 +114,15 @@ def test_the_module_probe_the_memory_and_the_clock_reads_go_to_the_crawls_master
     assert status["redis_memory"]["used_bytes"] > 0
     assert frontier.upkeep.workers_alive(30_000) == 1, "TIME from the crawl's master"
     assert [worker["state"] for worker in status["workers"]] == ["alive"]
+
+
+def test_status_reads_the_frontier_keys_encodings_on_the_crawls_master(
+    client: redis.Redis, keys: CrawlKeys
+) -> None:
+    # OBJECT ENCODING routed by its key: the nodes keep Redis's defaults, so 20 lanes
+    # leave `backlog` and `hosts` packed, and status says so
+    frontier = _frontier(client, keys)
+    frontier.enqueue([NewRequest(f"h{i}/0".encode(), f"fp-{i}".encode(), lane=f"h{i}.test")
+                      for i in range(20)])
+    packed = read_status(client, keys)["packed_keys"]
+    assert {key["key"]: key["entries"] for key in packed} == {"backlog": 20, "hosts": 20}

@@ -11,7 +11,8 @@ import pytest
 from scrapy_redisspine.cli_commands import lane_pace
 from scrapy_redisspine.cli_output import render_status
 from scrapy_redisspine.control import DRAIN, PAUSED, StatsPusher, give_order, record_progress
-from scrapy_redisspine.frontier import NewRequest
+from scrapy_redisspine.frontier import Frontier, NewRequest
+from scrapy_redisspine.keys import CrawlKeys
 from scrapy_redisspine.settings import load_config
 from scrapy_redisspine.status import read_status
 from scrapy_redisspine.status_eta import LanePace
@@ -19,8 +20,6 @@ from scrapy_redisspine.status_eta import LanePace
 if TYPE_CHECKING:
     import redis
 
-    from scrapy_redisspine.frontier import Frontier
-    from scrapy_redisspine.keys import CrawlKeys
 
 
 def _now_ms(client: redis.Redis) -> int:
@@ -190,3 +189,74 @@ def test_redis_memory_and_the_budget_the_workers_hold_it_to(
     assert status["redis_memory"]["max_bytes"] == 10**9
     assert status["redis_memory"]["budget_bytes"] == 10**9, "the smaller of the two"
     assert "byte budget" in render_status(status)
+
+
+def _queue_lanes(client: redis.Redis, keys: CrawlKeys, lanes: int) -> None:
+    frontier = Frontier(client, keys, "w1", "fifo")
+    frontier.register(flush=False, alive_ms=30_000)
+    for i in range(lanes):
+        _queue(frontier, f"h{i}.test", 1)
+
+
+def test_frontier_keys_kept_packed_past_16_entries_get_a_hint_with_the_setting(
+    real_redis: redis.Redis, crawl_keys: CrawlKeys
+) -> None:
+    # Redis's defaults keep a HASH or ZSET of up to 128 entries packed: 20 lanes
+    # queued leave `backlog` and `hosts` as packed lists of 20, which every lease
+    # and ack scans (benchmarks/RESULTS.md, session 17)
+    _queue_lanes(real_redis, crawl_keys, 20)
+    status = read_status(real_redis, crawl_keys)
+    packed = {key["key"]: key for key in status["packed_keys"]}
+    assert set(packed) == {"backlog", "hosts"}, status["packed_keys"]
+    assert packed["backlog"]["entries"] == 20
+    assert packed["backlog"]["encoding"] in {"listpack", "ziplist"}
+    text = render_status(status)
+    assert "backlog (20), hosts (20) as packed lists" in text
+    assert "hash-max-listpack-entries 16 and zset-max-listpack-entries 16" in text
+    assert json.loads(json.dumps(status))["packed_keys"] == status["packed_keys"]
+    # with the recommended thresholds (the names every server of the matrix takes)
+    # the same crawl's keys are hash tables and skip lists: no hint
+    names = ("hash-max-ziplist-entries", "zset-max-ziplist-entries")
+    before = {name: real_redis.config_get(name)[name] for name in names}
+    other = CrawlKeys(crawl_keys.prefix, "tuned")
+    try:
+        for name in names:
+            real_redis.config_set(name, 16)
+        _queue_lanes(real_redis, other, 20)
+    finally:
+        for name, value in before.items():
+            real_redis.config_set(name, value)
+    tuned = read_status(real_redis, other)
+    assert tuned["packed_keys"] == []
+    assert "hint:" not in render_status(tuned)
+
+
+def test_no_packed_hint_when_the_server_refuses_object_encoding(
+    crawl_keys: CrawlKeys,
+) -> None:
+    # fakeredis has no OBJECT command, as a managed Redis may rename it or an ACL
+    # deny it: the encoding is not known, so nothing is claimed either way
+    import fakeredis
+
+    fake = fakeredis.FakeRedis()
+    _queue_lanes(fake, crawl_keys, 20)
+    status = read_status(fake, crawl_keys)
+    assert status["packed_keys"] is None
+    assert status["queued"] == 20, "the rest of the status is read as before"
+    assert "hint:" not in render_status(status)
+
+
+def test_each_shard_of_a_sharded_crawl_is_looked_at(
+    real_redis: redis.Redis,
+) -> None:
+    from scrapy_redisspine.sharded import ShardedFrontier
+
+    keys = CrawlKeys("redisspine", "sharded", shards=2)
+    frontier = ShardedFrontier(real_redis, keys, "w1")
+    frontier.register(flush=False, alive_ms=30_000, spider="s")
+    frontier.enqueue([NewRequest(f"h{i}/0".encode(), f"fp-{i}".encode(), lane=f"h{i}.test")
+                      for i in range(60)])
+    packed = read_status(real_redis, keys)["packed_keys"]
+    backlog = {key["shard"]: key["entries"] for key in packed if key["key"] == "backlog"}
+    assert set(backlog) == {0, 1}, packed  # each shard's keys, by shard
+    assert sum(backlog.values()) == 60
