@@ -24,7 +24,10 @@ asyncio loop (Scrapy's reactorless mode; the asyncio reactor runs the same loop)
 the spine's default settings, so its Redis calls park on the loop in greenlets: the
 driver enqueues a page's worth of links (100) per turn of the loop, and takes up to
 16 requests per turn (its free download slots), reporting each done at once. Redis
-works while the driver's Python runs, as in a crawl.
+works while the driver's Python runs, as in a crawl. Its result also counts the
+drain's turns of the loop (``drain_turns``) and those in which nothing was ready
+(``idle_turns``: the driver waited for a lease; many of them mean that Redis, not
+the worker's Python, sets the pace).
 
     .venv/bin/python benchmarks/scheduler_micro.py --impls scrapy,spine --mode loop
 """
@@ -163,10 +166,13 @@ async def _measure_on_loop(
     enqueued = time.perf_counter()
     memory = memory_of() - memory_before
     taken, idle_since = 0, time.monotonic()
+    turns = idle_turns = 0  # turns of the loop; those that found nothing ready
     while taken < n and time.monotonic() - idle_since < STALL_SECONDS:
-        for _ in range(SLOTS):
+        turns += 1
+        for slot in range(SLOTS):
             request = scheduler.next_request()
             if request is None:
+                idle_turns += slot == 0
                 break
             taken += 1
             idle_since = time.monotonic()
@@ -183,7 +189,7 @@ async def _measure_on_loop(
     if spine:
         await _settled(scheduler)
     return {**_result(impl, n, taken, (enqueued - started, done - enqueued), memory, mode="loop"),
-            "redis_calls": _calls(scheduler)}
+            "redis_calls": _calls(scheduler), "drain_turns": turns, "idle_turns": idle_turns}
 
 
 PAGE_LINKS = 100  # requests enqueued per turn of the loop in --mode loop

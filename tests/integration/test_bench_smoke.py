@@ -71,6 +71,9 @@ def test_scheduler_micro_benchmark_smoke() -> None:
     assert [(run["impl"], run["mode"], run["taken"], run["redis_calls"]) for run in runs] == [
         ("scrapy", "loop", 300, None), ("spine", "loop", 300, "greenlets")]
     assert all(run["enqueue_s"] > 0 and run["drain_s"] > 0 for run in runs), runs
+    # the drain's turns counted (300 requests, at most 16 a turn), idle ones among them
+    assert all(run["drain_turns"] >= 19 and 0 <= run["idle_turns"] < run["drain_turns"]
+               for run in runs), runs
 
     command = [sys.executable, str(ROOT / "benchmarks" / "micro_breakdown.py"), "--n", "300",
                "--by-script"]
