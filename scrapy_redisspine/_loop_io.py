@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import greenlet
 from redis.backoff import AbstractBackoff
 
-from scrapy_redisspine._packing import pack_with_hiredis
+from scrapy_redisspine._packing import hiredis_packed
 from scrapy_redisspine._redis_io import SLOW_CALL_SECONDS, CallTimes, _deliver, call_now
 
 if TYPE_CHECKING:
@@ -160,11 +160,7 @@ def cooperative_connection(base: type[AbstractConnection]) -> type[AbstractConne
     call instead of blocking the loop, and whose commands hiredis packs in one call
     (:mod:`scrapy_redisspine._packing`)."""
 
-    class Cooperative(base, CooperativeConnection):  # type: ignore[valid-type, misc]
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            pack_with_hiredis(self)  # the same bytes, packed in one call
-
+    class Cooperative(hiredis_packed(base), CooperativeConnection):  # type: ignore[misc]
         def _connect(self) -> Any:
             io = _running_call()
             connect = super()._connect

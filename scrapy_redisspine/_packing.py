@@ -13,11 +13,18 @@ a command name with a space (redis-py splits ``"CLIENT SETNAME"`` into two words
 hiredis writes ``str`` as UTF-8 and numbers as ``repr`` does, as redis-py's encoder
 does, so it is used only where the connection encodes UTF-8 strictly (the default):
 the bytes on the wire are the same either way.
+
+Every client :func:`~scrapy_redisspine.connection.client_from_url` makes gets it, by
+the connection class it gives redis-py (:func:`hiredis_packed`): a plain server's
+(parked on the loop or not), each Redis Cluster node's and a Sentinel service's
+primary's. The cluster is where a large fleet runs, so its workers should not pay
+the slower packer.
 """
 
 from __future__ import annotations
 
 import codecs
+import functools
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -65,3 +72,19 @@ def pack_with_hiredis(connection: AbstractConnection) -> bool:
         return False
     connection._command_packer = HiredisFirstPacker(packer)  # type: ignore[attr-defined]
     return True
+
+
+@functools.cache
+def hiredis_packed(base: type[AbstractConnection]) -> type[AbstractConnection]:
+    """``base`` (a redis-py connection class: TCP, TLS, Unix socket, a Sentinel's
+    managed connection) whose connections pack with :class:`HiredisFirstPacker`
+    where :func:`pack_with_hiredis` allows it. Cached: one class per base, so pools
+    and clusters built twice share it."""
+
+    class HiredisPacked(base):  # type: ignore[valid-type, misc]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            pack_with_hiredis(self)  # the same bytes, packed in one call
+
+    HiredisPacked.__name__ = HiredisPacked.__qualname__ = f"HiredisPacked{base.__name__}"
+    return HiredisPacked

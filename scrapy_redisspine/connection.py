@@ -24,9 +24,15 @@ from redis.connection import parse_url
 from redis.crc import key_slot
 from redis.exceptions import RedisClusterException
 from redis.retry import Retry
-from redis.sentinel import Sentinel, SentinelConnectionPool
+from redis.sentinel import (
+    Sentinel,
+    SentinelConnectionPool,
+    SentinelManagedConnection,
+    SentinelManagedSSLConnection,
+)
 
 from scrapy_redisspine import _redis_urls as redis_urls
+from scrapy_redisspine._packing import hiredis_packed
 from scrapy_redisspine.server_binaries import (
     RedisServerNotFound,
     find_redis_server,
@@ -74,11 +80,11 @@ def client_from_url(url: str, *, cooperative: bool = False, **options: Any) -> r
         return cast("redis.Redis", _cluster_client(target, options))
     if target.kind == redis_urls.SENTINEL:
         return _sentinel_client(target, options)
+    base = parse_url(url).get("connection_class", redis.Connection)  # type: ignore[no-untyped-call]
     if not cooperative:
-        return redis.Redis.from_url(url, **options)
+        return redis.Redis.from_url(url, connection_class=hiredis_packed(base), **options)
     from scrapy_redisspine._loop_io import cooperative_connection, cooperative_retry
 
-    base = parse_url(url).get("connection_class", redis.Connection)  # type: ignore[no-untyped-call]
     client = redis.Redis.from_url(url, connection_class=cooperative_connection(base),
                                   **options)
     retry = cooperative_retry(client.get_retry())
@@ -109,6 +115,8 @@ def _cluster_client(target: redis_urls.RedisTarget, options: dict[str, Any]) -> 
     nodes = [ClusterNode(host, port) for host, port in target.nodes]  # type: ignore[no-untyped-call]
     try:
         return RedisCluster(startup_nodes=nodes, ssl=target.tls, **_credentials(target),
+                            connection_class=hiredis_packed(
+                                redis.SSLConnection if target.tls else redis.Connection),
                             **options)
     except RedisClusterException as exc:
         # It asks the nodes for the slot map at once, and its error is no RedisError:
@@ -125,8 +133,10 @@ def _sentinel_client(target: redis_urls.RedisTarget, options: dict[str, Any]) ->
     sentinel = Sentinel(  # type: ignore[no-untyped-call]
         list(target.nodes), ssl=target.tls, sentinel_kwargs={"ssl": target.tls,
                                                              **sentinel_options})
+    managed = SentinelManagedSSLConnection if target.tls else SentinelManagedConnection
     primary = sentinel.master_for(  # type: ignore[no-untyped-call]
-        target.service, db=target.db, ssl=target.tls, **_credentials(target), **options)
+        target.service, db=target.db, ssl=target.tls, **_credentials(target),
+        connection_class=hiredis_packed(managed), **options)
     return cast("redis.Redis", primary)
 
 

@@ -126,3 +126,23 @@ def test_status_reads_the_frontier_keys_encodings_on_the_crawls_master(
                       for i in range(20)])
     packed = read_status(client, keys)["packed_keys"]
     assert {key["key"]: key["entries"] for key in packed} == {"backlog": 20, "hosts": 20}
+
+
+def test_every_node_s_connections_pack_with_hiredis(
+    client: redis.Redis, keys: CrawlKeys
+) -> None:
+    # the cluster client's connections, to whichever node, are made by the class that
+    # packs with hiredis: a pipeline and the scripts go through them
+    from scrapy_redisspine._packing import HiredisFirstPacker
+
+    frontier = _frontier(client, keys)
+    frontier.enqueue([NewRequest(b"a/0", b"fp-a", lane="a.test")])
+    assert [lease.payload for lease in frontier.lease(1).leases] == [b"a/0"]
+    nodes = client.get_nodes()  # type: ignore[attr-defined]
+    assert nodes
+    for node in nodes:
+        connection = node.redis_connection.connection_pool.get_connection()
+        try:
+            assert isinstance(connection._command_packer, HiredisFirstPacker), node
+        finally:
+            node.redis_connection.connection_pool.release(connection)

@@ -82,9 +82,13 @@ def test_a_connection_is_wrapped_once() -> None:
     assert not isinstance(ours._command_packer._fallback, HiredisFirstPacker)
 
 
-def test_a_worker_s_client_talks_to_a_real_server_through_it(redis_url: str) -> None:
-    """Scripts, numbers, binary values, errors: as they were."""
-    client = client_from_url(redis_url, cooperative=True)
+@pytest.mark.parametrize("cooperative", [True, False], ids=["on the loop", "blocking"])
+def test_a_worker_s_client_talks_to_a_real_server_through_it(
+    redis_url: str, cooperative: bool
+) -> None:
+    """Scripts, numbers, binary values, errors: as they were. A blocking client (a
+    worker's Redis thread, the CLI) packs the same way as one parked on the loop."""
+    client = client_from_url(redis_url, cooperative=cooperative)
     try:
         connection = client.connection_pool.get_connection()
         assert isinstance(connection._command_packer, HiredisFirstPacker)
@@ -105,3 +109,15 @@ def test_a_worker_s_client_talks_to_a_real_server_through_it(redis_url: str) -> 
     finally:
         client.delete("packing:k", "packing:z", "packing:n")
         client.close()
+
+
+def test_each_connection_class_is_made_once_and_keeps_its_base() -> None:
+    from redis.connection import SSLConnection, UnixDomainSocketConnection
+
+    from scrapy_redisspine._packing import hiredis_packed
+
+    for base in (Connection, SSLConnection, UnixDomainSocketConnection):
+        assert hiredis_packed(base) is hiredis_packed(base)
+        assert issubclass(hiredis_packed(base), base)
+    assert isinstance(hiredis_packed(UnixDomainSocketConnection)(path="/x")._command_packer,
+                      HiredisFirstPacker)
