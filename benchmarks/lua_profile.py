@@ -29,7 +29,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.script_cost import drive  # noqa: E402
+from benchmarks.script_cost import add_workload_arguments, drive  # noqa: E402
 from scrapy_redisspine import scripts  # noqa: E402
 from scrapy_redisspine.frontier import Frontier  # noqa: E402
 from scrapy_redisspine.keys import CrawlKeys  # noqa: E402
@@ -148,10 +148,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    parser.add_argument("--n", type=int, default=1600, help="requests per round")
-    parser.add_argument("--hosts", type=int, default=100)
-    parser.add_argument("--lease", type=int, default=16, help="requests per lease call")
-    parser.add_argument("--rounds", type=int, default=5)
+    add_workload_arguments(parser, rounds=5)
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     args = parser.parse_args()
     report = measure(args)

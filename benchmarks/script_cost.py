@@ -77,6 +77,15 @@ def workload_requests(n: int, hosts: int, start: int) -> list[NewRequest]:
             for i in range(start, start + n)]
 
 
+def add_workload_arguments(parser: argparse.ArgumentParser, *, rounds: int) -> None:
+    """The options of :func:`drive`'s workload, shared by the benchmarks that run it
+    (this one, ``lua_profile.py``, ``script_instructions.py``)."""
+    parser.add_argument("--n", type=int, default=1600, help="requests per round")
+    parser.add_argument("--hosts", type=int, default=100)
+    parser.add_argument("--lease", type=int, default=16, help="requests per lease call")
+    parser.add_argument("--rounds", type=int, default=rounds)
+
+
 def drive(
     frontier: Frontier, args: argparse.Namespace,
     before: Callable[[], object] = lambda: None,
@@ -229,10 +238,7 @@ def _pairs(reply: list[Any]) -> list[tuple[Any, Any]]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--n", type=int, default=1600, help="requests per round")
-    parser.add_argument("--hosts", type=int, default=100)
-    parser.add_argument("--lease", type=int, default=16, help="requests per lease call")
-    parser.add_argument("--rounds", type=int, default=10)
+    add_workload_arguments(parser, rounds=10)
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--floor", action="store_true",
                         help="also run the workload through the floor scripts")

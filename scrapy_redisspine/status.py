@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
-from scrapy_redisspine.connection import routed_to
+from scrapy_redisspine.connection import PACKED_ENTRIES_MAX, routed_to
 from scrapy_redisspine.control import read_orders
 from scrapy_redisspine.members import execute_reading_counts, queue_size, read_queue_size
 from scrapy_redisspine.status_eta import LanePace, eta, slowest_lane
@@ -236,9 +236,6 @@ def _redis_memory(client: redis.Redis, keys: CrawlKeys, budget_bytes: int) -> di
     return {"used_bytes": used, "max_bytes": maxmemory or None, "budget_bytes": budget}
 
 
-#: Entries past which a frontier key kept as a packed list costs more than it saves:
-#: the threshold Operations recommends ("Redis settings that make the frontier cheaper").
-PACKED_ENTRIES_HINT = 16
 _PACKED = frozenset({b"listpack", b"ziplist"})
 #: The frontier's keys with a field per lane or a member per lease, which every lease
 #: and ack reads or writes: name -> whether it is a HASH (else a ZSET).
@@ -248,7 +245,7 @@ _PER_LANE_OR_LEASE = {"busy": True, "backlog": True, "host_next": True, "group_b
 
 def _packed_keys(client: redis.Redis, keys: CrawlKeys) -> list[dict[str, Any]] | None:
     """The frontier keys Redis keeps as one packed list (listpack, ziplist) although
-    they hold more than :data:`PACKED_ENTRIES_HINT` entries: every lease and ack scans
+    they hold more than ``PACKED_ENTRIES_MAX`` (connection.py) entries: every lease and ack scans
     them entry by entry, which Redis's default thresholds (128) allow and which costs
     Redis 19-41 % more work per request (benchmarks/RESULTS.md, session 17). Redis
     says nothing of it, so ``status`` does. ``OBJECT ENCODING`` and ``HLEN``/``ZCARD``
@@ -273,7 +270,7 @@ def _packed_keys(client: redis.Redis, keys: CrawlKeys) -> list[dict[str, Any]] |
     for (view, name), encoding, entries in zip(checked, replies[0::2], replies[1::2],
                                                strict=True):
         raw = encoding.encode() if isinstance(encoding, str) else encoding
-        if raw in _PACKED and int(entries) > PACKED_ENTRIES_HINT:
+        if raw in _PACKED and int(entries) > PACKED_ENTRIES_MAX:
             packed.append({"key": name, "shard": view.shard if keys.shards > 1 else None,
                            "entries": int(entries), "encoding": _text(raw)})
     return packed
