@@ -9,7 +9,8 @@ Configurations (``--modes``): ``scrapy`` (plain Scrapy, one process), ``spine1``
 ``spine2``, ``spine4`` (K ``scrapy crawl`` workers with this plugin; ``spine2sync``
 the same with ``REDISSPINE_REDIS_THREAD = False``, ``spine1thread`` with the Redis
 calls on a thread rather than parked on the loop: ``REDISSPINE_REDIS_GREENLETS =
-False``), ``redis1``
+False``, ``spine1onelease`` with one lease on its way at a time:
+``REDISSPINE_LEASE_ALONGSIDE = False``), ``redis1``
 (scrapy-redis, one process). scrapy-redis runs from a separate virtualenv,
 ``benchmarks/.venv-bench`` (git-ignored), which is created on first use with::
 
@@ -105,6 +106,8 @@ def mode_settings(mode: str, redis_url: str, site: TestSite, run_id: str) -> dic
             settings["REDISSPINE_REDIS_THREAD"] = False
         elif mode.endswith("thread"):  # e.g. spine1thread: off the loop on a thread
             settings["REDISSPINE_REDIS_GREENLETS"] = False
+        elif mode.endswith("onelease"):  # e.g. spine1onelease: no lease alongside
+            settings["REDISSPINE_LEASE_ALONGSIDE"] = False
     elif mode.startswith("redis"):
         settings.update({
             "ADDONS": {},

@@ -24,6 +24,17 @@ engine asked for (handed one or found none) while the last lease was on its way.
 next lease is asked for when the ready list is down to that many, so with work queued
 the downloader does not wait for Redis however far away it is. With Redis on loopback
 the lease-ahead stays at about nothing, and leasing is as before.
+
+A lease *alongside* (``REDISSPINE_LEASE_ALONGSIDE``): with Redis near, the round trip
+of a lease is mostly Redis's own work, and the worker waits through it after handing
+out the last batch, as Redis waits while the worker hands it out. So while a lease is
+on its way, a second one that carries nothing (no acks, no requests: no order to keep
+with the outbox) may go on the upkeep queue, another connection, when the last lease
+came back full (more lanes are due) and the downloader will want at least half a
+batch beyond what is ready and asked for. Its leases join the book like any others.
+A reconciliation (which returns this worker's leases that the book does not know)
+never runs while a lease alongside is on its way, nor does one go while a
+reconciliation is on its way: either would take the other's fresh leases for orphans.
 """
 
 from __future__ import annotations
@@ -93,10 +104,13 @@ class Leaser:
         crawl_delay_learned: Callable[[str, float | None], None],
         close_ordered: Callable[[str], None] = lambda reason: None,
         io: RedisIO | None = None,
+        alongside_io: RedisIO | None = None,
     ) -> None:
         """``counted(queued, inflight)`` receives the fleet's counts of each lease
         reply; ``crawl_delay_learned(lane, seconds)`` each lease's Crawl-delay;
-        ``close_ordered(reason)`` a fleet-wide limit a lease reply reports."""
+        ``close_ordered(reason)`` a fleet-wide limit a lease reply reports;
+        ``alongside_io``, another connection's queue than ``io``'s: leases alongside
+        go there (None: none)."""
         self._frontier = frontier
         self._outbox = outbox
         self._book = book
@@ -120,6 +134,11 @@ class Leaser:
         self._local_in_flight = False  # slots for requests kept in memory, on their way
         self._ahead = 0.0  # requests asked for per lease round trip (moving average)
         self._asked_in_flight = 0  # asked for since the lease on its way was submitted
+        self._alongside_io = alongside_io
+        self._count_in_flight = 0  # what the lease on its way asked for
+        self._reconciling = False  # the lease on its way returns orphans first
+        self._alongside_in_flight = False  # a lease alongside on its way
+        self._last_full = False  # the last lease reply brought all it asked for
 
     # -- waking -------------------------------------------------------------------
 
@@ -200,6 +219,7 @@ class Leaser:
         the acks); True if requests are ready now. Through a background ``io`` the
         reply comes later: it fills the ready list and wakes the engine."""
         if self._in_flight:
+            self._lease_alongside()
             return bool(self._book.ready)
         now = self._clock.seconds()
         # Engine wake-ups (each enqueue, each finished download) may come far more
@@ -224,7 +244,8 @@ class Leaser:
         # (not while lane slots for requests in memory are on their way: their leases
         # are not known here yet, and would be taken for orphans; the next lease does it)
         known = (self._book.known_keys() + self._outbox.ack_keys()
-                 if self._guard.reconcile_needed and not self._local_in_flight else None)
+                 if self._guard.reconcile_needed and not self._local_in_flight
+                 and not self._alongside_in_flight else None)
         sending = self._outbox.begin_send() if self._sending() else None
 
         def call() -> tuple[Count | None, EnqueueResult | redis.RedisError | None, LeaseBatch]:
@@ -241,7 +262,7 @@ class Leaser:
             return released, sent, batch
 
         def failed(exc: Exception) -> None:
-            self._in_flight = False
+            self._in_flight = self._reconciling = False
             if sending is not None:
                 self._outbox.abort_send(sending)
             if not isinstance(exc, CALL_ERRORS):
@@ -249,9 +270,46 @@ class Leaser:
             self._guard.failed("lease", exc)
 
         self._in_flight = True
+        self._reconciling = known is not None
+        self._count_in_flight = count
         self._asked_in_flight = 0
         self._io.submit("lease", call, lambda reply: self._leased(reply, sending, count, now),
                         failed)
+
+    def _lease_alongside(self) -> None:
+        """A lease is on its way: send a second one, carrying nothing, on the other
+        connection if the engine will want at least half a batch more than is
+        ready or asked for, and the last lease came back full (module docstring)."""
+        io = self._alongside_io
+        if (io is None or self._alongside_in_flight or not self._last_full
+                or self._reconciling or self._guard.reconcile_needed or self._starting()
+                or not self._io.near or not self._guard.available("lease")):
+            return
+        free = self._engine.free_download_slots() if self._engine is not None else 0
+        count = min(free + self.ahead - self._book.ready - self._count_in_flight,
+                    self._batch_size)
+        if count < max(1, self._batch_size // 2):
+            return
+        frontier, now = self._frontier, self._clock.seconds()
+
+        def failed(exc: Exception) -> None:
+            self._alongside_in_flight = False
+            if not isinstance(exc, CALL_ERRORS):
+                raise exc
+            self._guard.failed("lease", exc)
+
+        self._alongside_in_flight = True
+        self._stats.inc_value("redisspine/scheduler/leases_alongside")
+        io.submit("lease", lambda: frontier.lease(count),
+                  lambda batch: self._leased_alongside(batch, count, now), failed)
+
+    def _leased_alongside(self, batch: LeaseBatch, count: int, now: float) -> None:
+        """A lease alongside is in (the crawl's loop): as any lease reply, without a
+        send's outcome, and never leasing again from here (the lease on its way, or
+        the engine's next ask, does)."""
+        self._alongside_in_flight = False
+        self._guard.succeeded("lease")
+        self._take(batch, count, now, again=False)
 
     def _leased(
         self,
@@ -260,7 +318,7 @@ class Leaser:
     ) -> None:
         """A lease reply is in (the crawl's loop): take the send's outcome, count,
         accept the leases, wake the engine if any is ready."""
-        self._in_flight = False
+        self._in_flight = self._reconciling = False
         self._learn_ahead()
         released, sent, batch = reply
         if released is not None:
@@ -280,6 +338,12 @@ class Leaser:
         self._guard.succeeded("lease")
         if sending is not None and answered:  # else the outbox keeps its back-off
             self._guard.succeeded("enqueue")
+        self._take(batch, count, now, again=True)
+
+    def _take(self, batch: LeaseBatch, count: int, now: float, *, again: bool) -> None:
+        """Count, accept the leases, wake the engine if any is ready; ``again``: lease
+        again at once if all that came was dead-lettered and work remains."""
+        self._last_full = len(batch.leases) >= count
         self._counted(batch.queued, batch.inflight)
         if batch.close_reason:
             self._close_ordered(batch.close_reason)
@@ -295,7 +359,7 @@ class Leaser:
         self._stats.inc_value("redisspine/scheduler/leased", len(batch.leases))
         for lease in batch.leases:
             self._accept(lease)
-        if not self._book.ready and batch.queued and self._guard.available("lease"):
+        if again and not self._book.ready and batch.queued and self._guard.available("lease"):
             # everything leased was dead-lettered and work remains: lease again
             self._submit(count, now)
             return

@@ -251,6 +251,9 @@ class Scheduler(BaseScheduler):
             batch_size=config.lease_batch_size, idle_poll_seconds=config.idle_poll_seconds,
             counted=self.fleet.counted, crawl_delay_learned=self.hosts.learned_from_lease,
             close_ordered=self.fleet.close_ordered, io=self.io,
+            # (a sharded crawl's lease settles its page budget one lease at a time)
+            alongside_io=(self.upkeep_io if config.lease_alongside and config.shards == 1
+                          and self.upkeep_io is not self.io else None),
         )
         self.hand_back = HandBack(
             frontier=self.frontier, outbox=self.outbox, book=self.book, local=self.local,

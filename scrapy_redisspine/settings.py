@@ -164,6 +164,14 @@ SETTINGS: tuple[Setting, ...] = (
             "does not stop downloads), without a second thread that a CPU-bound "
             "worker pays for. `False`: always the thread. Cluster and Sentinel "
             "clients always use the thread."),
+    Setting("REDISSPINE_LEASE_ALONGSIDE", True, as_bool, (),
+            "With `REDISSPINE_REDIS_THREAD` and a Redis that answers within 5 ms: while "
+            "a lease is on its way (carrying the worker's acks and new requests), a "
+            "second one, carrying nothing, may go on the upkeep queue when the last "
+            "lease came back full and the downloader will want at least half a lease "
+            "batch more than is ready or on its way. Redis then leases the next batch "
+            "while the worker hands out the last one. Not while start requests are "
+            "consumed, nor for a sharded crawl. `False`: one lease on its way at a time."),
     Setting("REDISSPINE_REDIS_TIMEOUT_SECONDS", 5.0, as_number, (float, 0.1),
             "Longest wait for one Redis reply (and for a connection) of a worker; a "
             "call past it counts as an outage (the breaker backs off, a lost lease "
@@ -359,6 +367,7 @@ class SpineConfig:
     idle_poll_seconds: float
     redis_thread: bool
     redis_greenlets: bool
+    lease_alongside: bool
     redis_timeout_seconds: float
     keep_alive: bool
     wait_for_first_request: bool

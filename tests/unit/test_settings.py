@@ -50,6 +50,7 @@ def test_defaults() -> None:
         "idle_poll_seconds": 0.1,
         "redis_thread": True,
         "redis_greenlets": True,
+        "lease_alongside": True,
         "redis_timeout_seconds": 5.0,
         "keep_alive": False,
         "wait_for_first_request": True,

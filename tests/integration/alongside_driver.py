@@ -1,0 +1,186 @@
+"""Drives a spine scheduler as a crawl's engine does, on a real asyncio loop in a
+process of its own (no Twisted reactor installed, so its Redis calls park on the
+loop in greenlets, as under Scrapy's asyncio reactor), for
+``test_lease_alongside_e2e.py``: a page's links enqueued per turn of the loop, then
+every free slot filled and reported done at once, until all is handed out.
+
+    python -m tests.integration.alongside_driver URL N \
+        [--fail-alongside reply-lost|never-sent] [--setting NAME=JSON ...]
+
+Prints one JSON line: the URLs handed out, the scheduler's stats, and the warnings
+it logged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+import redis
+import scrapy
+from scrapy.utils.test import get_crawler
+
+from scrapy_redisspine.scheduler import Scheduler
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+SLOTS = 16
+HOSTS = 100
+PAGE_LINKS = 100
+STALL_SECONDS = 30.0
+
+
+class Engine:
+    """The scheduler's engine: ``SLOTS`` free download slots, requests done at once."""
+
+    def __init__(self) -> None:
+        self.done: Any = None
+
+    def attach(self, on_request_done: Any) -> None:
+        self.done = on_request_done
+
+    def detach(self) -> None:
+        pass
+
+    def free_download_slots(self) -> int:
+        return SLOTS
+
+    def wake(self) -> None:
+        pass
+
+    def starting(self) -> bool:
+        return False
+
+    def close_spider(self, reason: str) -> None:
+        pass
+
+    def mark_failed(self) -> None:
+        pass
+
+
+class Spider(scrapy.Spider):
+    name = "alongside"
+
+    def parse(self, response: Any) -> None:
+        pass
+
+
+def _open(redis_url: str, **settings: Any) -> tuple[Scheduler, Engine]:
+    crawler = get_crawler(Spider, {
+        "REDISSPINE_REDIS_URL": redis_url, "REDISSPINE_CRAWL_ID": "alongside",
+        "ADDONS": {"scrapy_redisspine.Addon": 0}, "LOG_LEVEL": "INFO",
+        "TELNETCONSOLE_ENABLED": False, **settings,
+    })
+    spider = Spider.from_crawler(crawler)
+    crawler.spider = spider
+    engine = Engine()
+    scheduler = Scheduler.from_crawler(crawler, engine=engine)
+    scheduler.open(spider)
+    return scheduler, engine
+
+
+async def _settled(scheduler: Scheduler) -> None:
+    deadline = time.monotonic() + STALL_SECONDS
+    while (not scheduler.outbox.empty or scheduler.io.busy) and time.monotonic() < deadline:
+        await asyncio.sleep(0)
+
+
+async def crawl(redis_url: str, n: int, *, before: Callable[[Scheduler], None] = lambda s: None,
+                **settings: Any) -> tuple[list[str], Scheduler]:
+    """Enqueue ``n`` requests over ``HOSTS`` hosts, then drain; the URLs handed out."""
+    scheduler, engine = _open(redis_url, **settings)
+    before(scheduler)
+    await _settled(scheduler)
+    urls = [f"http://h{i % HOSTS}.test/p/{i}" for i in range(n)]
+    for first in range(0, n, PAGE_LINKS):
+        for url in urls[first:first + PAGE_LINKS]:
+            scheduler.enqueue_request(scrapy.Request(url))
+        await asyncio.sleep(0)
+    scheduler.outbox.try_flush()
+    await _settled(scheduler)
+    taken: list[str] = []
+    idle_since = time.monotonic()
+    while len(taken) < n and time.monotonic() - idle_since < STALL_SECONDS:
+        for _ in range(SLOTS):
+            request = scheduler.next_request()
+            if request is None:
+                break
+            taken.append(request.url)
+            idle_since = time.monotonic()
+            engine.done(request)
+        await asyncio.sleep(0)
+    scheduler.outbox.try_flush()
+    await _settled(scheduler)
+    scheduler.close("finished")
+    return taken, scheduler
+
+
+
+#: How many requests the failed lease alongside took in Redis (its reply lost).
+LOST: list[int] = []
+
+
+def fail_one_alongside(applied: bool) -> Callable[[Scheduler], None]:
+    """Make the second lease alongside fail: after Redis applied it (``applied``: its
+    reply lost; what it leased is counted in ``LOST``) or before it was sent."""
+
+    def install(scheduler: Scheduler) -> None:
+        io = scheduler.upkeep_io
+        submit = io.submit
+        seen = 0
+
+        def failing(name: str, call: Any, done: Any, failed: Any) -> None:
+            nonlocal seen
+            if name == "lease":  # the only lease on the upkeep queue goes alongside
+                seen += 1
+                if seen == 2:
+                    def lost() -> Any:
+                        if applied:
+                            LOST.append(len(call().leases))
+                        raise redis.ConnectionError("the reply was lost")
+
+                    submit(name, lost, done, failed)
+                    return
+            submit(name, call, done, failed)
+
+        io.submit = failing  # type: ignore[method-assign]
+
+    return install
+
+
+class _Warnings(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("url")
+    parser.add_argument("n", type=int)
+    parser.add_argument("--fail-alongside", choices=("reply-lost", "never-sent"))
+    parser.add_argument("--setting", action="append", default=[])
+    args = parser.parse_args()
+    settings: dict[str, Any] = {}
+    for item in args.setting:
+        name, value = item.split("=", 1)
+        settings[name] = json.loads(value)
+    before = (fail_one_alongside(args.fail_alongside == "reply-lost")
+              if args.fail_alongside else (lambda scheduler: None))
+    warnings = _Warnings()
+    logging.getLogger("scrapy_redisspine").addHandler(warnings)
+    taken, scheduler = asyncio.run(crawl(args.url, args.n, before=before, **settings))
+    print(json.dumps({"taken": taken, "stats": scheduler.stats.get_stats(),
+                      "warnings": warnings.lines, "lost": sum(LOST)}, default=str))
+
+
+if __name__ == "__main__":
+    main()
