@@ -118,7 +118,7 @@ def child(
             return await _measure_on_loop(impl, n, hosts, redis_url, extra)
 
         return asyncio.run(on_loop())
-    scheduler, engine, memory_of = _open(impl, redis_url, extra, mode)
+    scheduler, engine, memory_of, cpu_of = _open(impl, redis_url, extra, mode)
     requests = _requests(n, hosts)
     memory_before = memory_of()
     started = time.perf_counter()
@@ -128,6 +128,7 @@ def child(
         scheduler.outbox.try_flush()  # the outbox's last partial batch
     enqueued = time.perf_counter()
     memory = memory_of() - memory_before
+    cpu_before = cpu_of()
     taken = 0
     while True:
         request = scheduler.next_request()
@@ -137,9 +138,10 @@ def child(
         if impl == "spine":
             engine.done(request)
     done = time.perf_counter()
+    redis_cpu = cpu_of() - cpu_before
     scheduler.close("finished")
     return {**_result(impl, n, taken, (enqueued - started, done - enqueued), memory, mode=mode),
-            "redis_calls": _calls(scheduler)}
+            **_spine_extras(scheduler, impl, redis_cpu)}
 
 
 async def _measure_on_loop(
@@ -149,7 +151,7 @@ async def _measure_on_loop(
     a turn of the loop after each page's links and after each round of free slots."""
     import asyncio
 
-    scheduler, engine, memory_of = _open(impl, redis_url, extra, "loop")
+    scheduler, engine, memory_of, cpu_of = _open(impl, redis_url, extra, "loop")
     spine = impl == "spine"
     if spine:
         await _settled(scheduler)  # joined the crawl
@@ -165,6 +167,7 @@ async def _measure_on_loop(
         await _settled(scheduler)  # every enqueue answered
     enqueued = time.perf_counter()
     memory = memory_of() - memory_before
+    cpu_before = cpu_of()
     taken, idle_since = 0, time.monotonic()
     turns = idle_turns = 0  # turns of the loop; those that found nothing ready
     while taken < n and time.monotonic() - idle_since < STALL_SECONDS:
@@ -185,11 +188,13 @@ async def _measure_on_loop(
             break  # Scrapy's memory queue is empty
         await asyncio.sleep(0)  # a lease on its way
     done = time.perf_counter()
+    redis_cpu = cpu_of() - cpu_before
     scheduler.close("finished")
     if spine:
         await _settled(scheduler)
     return {**_result(impl, n, taken, (enqueued - started, done - enqueued), memory, mode="loop"),
-            "redis_calls": _calls(scheduler), "drain_turns": turns, "idle_turns": idle_turns}
+            **_spine_extras(scheduler, impl, redis_cpu),
+            "drain_turns": turns, "idle_turns": idle_turns}
 
 
 PAGE_LINKS = 100  # requests enqueued per turn of the loop in --mode loop
@@ -205,9 +210,9 @@ async def _settled(scheduler: Any) -> None:
         await asyncio.sleep(0)
 
 
-def _open(impl: str, redis_url: str, extra: str, mode: str) -> tuple[Any, Any, Any]:
-    """The opened scheduler, its engine stand-in (the spine's) and a reading of
-    Redis's ``used_memory``."""
+def _open(impl: str, redis_url: str, extra: str, mode: str) -> tuple[Any, Any, Any, Any]:
+    """The opened scheduler, its engine stand-in (the spine's), and readings of
+    Redis's ``used_memory`` and of its CPU seconds (user + system)."""
     import redis
     import scrapy
     from scrapy.utils.test import get_crawler
@@ -244,13 +249,25 @@ def _open(impl: str, redis_url: str, extra: str, mode: str) -> tuple[Any, Any, A
     def memory_of() -> int:
         return int(client.info("memory")["used_memory"])
 
-    return scheduler, engine, memory_of
+    def cpu_of() -> float:
+        cpu = client.info("cpu")
+        return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
+
+    return scheduler, engine, memory_of, cpu_of
 
 
-def _calls(scheduler: Any) -> str | None:
-    """How the spine made its Redis calls: inline, greenlets or threads."""
+def _spine_extras(scheduler: Any, impl: str, redis_cpu: float) -> dict[str, Any]:
+    """How the spine made its Redis calls (inline, greenlets or threads), how many of
+    its leases went alongside another, and Redis's CPU seconds during the drain (of
+    a Redis scheduler; Redis's busy share of the drain is this over ``drain_s``)."""
     stats = getattr(scheduler, "stats", None)
-    return None if stats is None else stats.get_value("redisspine/redis/calls")
+    spine = impl == "spine" and stats is not None
+    return {
+        "redis_calls": stats.get_value("redisspine/redis/calls") if spine else None,
+        "leases_alongside": (stats.get_value("redisspine/scheduler/leases_alongside", 0)
+                             if spine else None),
+        "redis_cpu_drain_s": redis_cpu if impl in ("scrapy-redis", "spine") else None,
+    }
 
 
 def _result(
@@ -356,8 +373,8 @@ def main() -> int:
     print(f"\nmedians of {args.runs} run(s), N={args.n} over {args.hosts} hosts, "
           f"--mode {args.mode}" + (f", Redis: {args.redis_config}" if args.redis_config else ""))
     print("| scheduler | requests/s (enqueue+lease+ack) | enqueue s | lease+ack s "
-          "| Redis bytes/queued request | vs scrapy |")
-    print("|---|---|---|---|---|---|")
+          "| Redis busy in lease+ack | Redis bytes/queued request | vs scrapy |")
+    print("|---|---|---|---|---|---|---|")
     base = statistics.median(r["requests_per_s"] for r in results.get("scrapy", [{}]) or [{}]) \
         if "scrapy" in results else None
     for impl, runs in results.items():
@@ -365,8 +382,12 @@ def main() -> int:
         memories = [r["redis_bytes_per_request"] for r in runs if r["redis_bytes_per_request"]]
         memory = f"{statistics.median(memories):.0f}" if memories else "-"
         ratio = f"{rate / base:.2f}" if base else "-"
+        shares = [r["redis_cpu_drain_s"] / r["drain_s"] for r in runs
+                  if r.get("redis_cpu_drain_s") is not None and r["drain_s"] > 0]
+        busy = f"{statistics.median(shares):.0%}" if shares else "-"
         print(f"| {impl} | {rate:,.0f} | {statistics.median(r['enqueue_s'] for r in runs):.3f} "
-              f"| {statistics.median(r['drain_s'] for r in runs):.3f} | {memory} | {ratio} |")
+              f"| {statistics.median(r['drain_s'] for r in runs):.3f} | {busy} | {memory} "
+              f"| {ratio} |")
     return 0
 
 

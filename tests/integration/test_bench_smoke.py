@@ -74,6 +74,12 @@ def test_scheduler_micro_benchmark_smoke() -> None:
     # the drain's turns counted (300 requests, at most 16 a turn), idle ones among them
     assert all(run["drain_turns"] >= 19 and 0 <= run["idle_turns"] < run["drain_turns"]
                for run in runs), runs
+    # Redis's CPU during the drain read (the spine's only), and its leases alongside
+    # counted (300 requests over 100 hosts: a lease is full while 16 lanes are due)
+    spine = runs[1]
+    assert spine["redis_cpu_drain_s"] >= 0, runs
+    assert runs[0]["redis_cpu_drain_s"] is None, runs
+    assert spine["leases_alongside"] > 0, runs
 
     command = [sys.executable, str(ROOT / "benchmarks" / "micro_breakdown.py"), "--n", "300",
                "--by-script"]
