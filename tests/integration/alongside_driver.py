@@ -5,10 +5,16 @@ loop in greenlets, as under Scrapy's asyncio reactor), for
 every free slot filled and reported done at once, until all is handed out.
 
     python -m tests.integration.alongside_driver URL N \
-        [--fail-alongside reply-lost|never-sent] [--setting NAME=JSON ...]
+        [--fail-alongside reply-lost|never-sent | --die-in-alongside K] [--no-enqueue]
+        [--idle-seconds S] [--setting NAME=JSON ...]
 
-Prints one JSON line: the URLs handed out, the scheduler's stats, and the warnings
-it logged.
+Prints a line ``taken <url>`` as each request is handed out (so that a worker that
+dies leaves its record behind), then one JSON line: the URLs handed out, the
+scheduler's stats, and the warnings it logged. ``--die-in-alongside K``: the K-th
+lease alongside is taken in Redis, then the process kills itself (SIGKILL) before
+its reply is handled, with the lease that carries the outbox on its way too.
+``--no-enqueue``: a worker joining to drain what is left, until nothing was handed
+out for ``--idle-seconds``.
 """
 
 from __future__ import annotations
@@ -17,6 +23,9 @@ import argparse
 import asyncio
 import json
 import logging
+import os
+import signal
+import sys
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -90,27 +99,35 @@ async def _settled(scheduler: Scheduler) -> None:
         await asyncio.sleep(0)
 
 
+def urls(n: int) -> list[str]:
+    return [f"http://h{i % HOSTS}.test/p/{i}" for i in range(n)]
+
+
 async def crawl(redis_url: str, n: int, *, before: Callable[[Scheduler], None] = lambda s: None,
+                enqueue: bool = True, idle_seconds: float = STALL_SECONDS,
                 **settings: Any) -> tuple[list[str], Scheduler]:
-    """Enqueue ``n`` requests over ``HOSTS`` hosts, then drain; the URLs handed out."""
+    """Enqueue ``n`` requests over ``HOSTS`` hosts (unless not ``enqueue``), then
+    drain; the URLs handed out."""
     scheduler, engine = _open(redis_url, **settings)
     before(scheduler)
     await _settled(scheduler)
-    urls = [f"http://h{i % HOSTS}.test/p/{i}" for i in range(n)]
-    for first in range(0, n, PAGE_LINKS):
-        for url in urls[first:first + PAGE_LINKS]:
-            scheduler.enqueue_request(scrapy.Request(url))
-        await asyncio.sleep(0)
-    scheduler.outbox.try_flush()
-    await _settled(scheduler)
+    if enqueue:
+        wanted = urls(n)
+        for first in range(0, n, PAGE_LINKS):
+            for url in wanted[first:first + PAGE_LINKS]:
+                scheduler.enqueue_request(scrapy.Request(url))
+            await asyncio.sleep(0)
+        scheduler.outbox.try_flush()
+        await _settled(scheduler)
     taken: list[str] = []
     idle_since = time.monotonic()
-    while len(taken) < n and time.monotonic() - idle_since < STALL_SECONDS:
+    while len(taken) < n and time.monotonic() - idle_since < idle_seconds:
         for _ in range(SLOTS):
             request = scheduler.next_request()
             if request is None:
                 break
             taken.append(request.url)
+            sys.stdout.write(f"taken {request.url}\n")
             idle_since = time.monotonic()
             engine.done(request)
         await asyncio.sleep(0)
@@ -125,9 +142,11 @@ async def crawl(redis_url: str, n: int, *, before: Callable[[Scheduler], None] =
 LOST: list[int] = []
 
 
-def fail_one_alongside(applied: bool) -> Callable[[Scheduler], None]:
-    """Make the second lease alongside fail: after Redis applied it (``applied``: its
-    reply lost; what it leased is counted in ``LOST``) or before it was sent."""
+def fail_one_alongside(applied: bool, nth: int = 2, *,
+                       die: bool = False) -> Callable[[Scheduler], None]:
+    """Make the ``nth`` lease alongside fail: after Redis applied it (``applied``: its
+    reply lost; what it leased is counted in ``LOST``) or before it was sent; with
+    ``die``, the process is killed once Redis applied it."""
 
     def install(scheduler: Scheduler) -> None:
         io = scheduler.upkeep_io
@@ -138,10 +157,14 @@ def fail_one_alongside(applied: bool) -> Callable[[Scheduler], None]:
             nonlocal seen
             if name == "lease":  # the only lease on the upkeep queue goes alongside
                 seen += 1
-                if seen == 2:
+                if seen == nth:
                     def lost() -> Any:
                         if applied:
                             LOST.append(len(call().leases))
+                        if die:
+                            assert scheduler.leaser.in_flight  # the outbox's lease too
+                            sys.stdout.flush()
+                            os.kill(os.getpid(), signal.SIGKILL)
                         raise redis.ConnectionError("the reply was lost")
 
                     submit(name, lost, done, failed)
@@ -162,22 +185,34 @@ class _Warnings(logging.Handler):
         self.lines.append(record.getMessage())
 
 
+def _as_is(scheduler: Scheduler) -> None:
+    """No fault."""
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("url")
     parser.add_argument("n", type=int)
     parser.add_argument("--fail-alongside", choices=("reply-lost", "never-sent"))
+    parser.add_argument("--die-in-alongside", type=int, default=0)
+    parser.add_argument("--no-enqueue", action="store_true")
+    parser.add_argument("--idle-seconds", type=float, default=STALL_SECONDS)
     parser.add_argument("--setting", action="append", default=[])
     args = parser.parse_args()
     settings: dict[str, Any] = {}
     for item in args.setting:
         name, value = item.split("=", 1)
         settings[name] = json.loads(value)
-    before = (fail_one_alongside(args.fail_alongside == "reply-lost")
-              if args.fail_alongside else (lambda scheduler: None))
+    before = _as_is
+    if args.fail_alongside:
+        before = fail_one_alongside(args.fail_alongside == "reply-lost")
+    elif args.die_in_alongside:
+        before = fail_one_alongside(True, args.die_in_alongside, die=True)
     warnings = _Warnings()
     logging.getLogger("scrapy_redisspine").addHandler(warnings)
-    taken, scheduler = asyncio.run(crawl(args.url, args.n, before=before, **settings))
+    taken, scheduler = asyncio.run(crawl(args.url, args.n, before=before,
+                                         enqueue=not args.no_enqueue,
+                                         idle_seconds=args.idle_seconds, **settings))
     print(json.dumps({"taken": taken, "stats": scheduler.stats.get_stats(),
                       "warnings": warnings.lines, "lost": sum(LOST)}, default=str))
 

@@ -6,7 +6,11 @@ reactor).
 Each test checks the outcome in Redis and in what the worker handed out: every
 request handed out exactly once, nothing left queued or in flight. The faults: a
 lease alongside whose reply is lost after Redis applied it (its leases exist in
-Redis, the worker never heard of them), and one that fails before Redis saw it.
+Redis, the worker never heard of them), one that fails before Redis saw it, and a
+worker killed right after Redis took a lease alongside (another worker's sweep
+returns what it held; only what it had handed out and not acked comes twice).
+Last, real ``scrapy crawl`` workers whose downloaders want more than a lease at a
+time: every page of the test site fetched once, by its own log.
 """
 
 from __future__ import annotations
@@ -19,7 +23,12 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from tests.integration.alongside_driver import HOSTS
+from tests.integration.alongside_driver import HOSTS, urls
+from tests.integration.crawlproc import assert_exactly_once, assert_finished
+
+if TYPE_CHECKING:
+    from tests.conftest import SiteFactory
+    from tests.integration.crawlproc import Fleet
 
 if TYPE_CHECKING:
     import redis
@@ -36,6 +45,10 @@ def _drive(redis_url: str, n: int, *args: str) -> dict[str, Any]:
     )
     result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
     return result
+
+
+def _taken_lines(text: str) -> list[str]:
+    return [line.split(" ", 1)[1] for line in text.splitlines() if line.startswith("taken ")]
 
 
 def _assert_all_once_and_nothing_left(taken: list[str], n: int, client: redis.Redis) -> None:
@@ -87,3 +100,54 @@ def test_a_failed_lease_alongside_loses_nothing_and_hands_out_nothing_twice(
         assert returned[0].startswith(f"redisspine: returned {result['lost']} ")
     else:
         assert not returned
+
+
+# -- real `scrapy crawl` workers ----------------------------------------------------------
+
+#: A downloader with room for more than a lease batch beyond the one on its way, over
+#: enough lane slots (40 hosts x 4) that each lease comes back full: leases go alongside.
+WIDE = {"CONCURRENT_REQUESTS": 64, "REDISSPINE_HOST_CONCURRENCY": 4,
+        "REDISSPINE_HEARTBEAT_SECONDS": 0.3, "REDISSPINE_WORKER_TIMEOUT_SECONDS": 1.5,
+        "REDISSPINE_SWEEP_SECONDS": 0.3}
+
+
+@pytest.mark.e2e
+def test_a_crawl_with_leases_alongside_fetches_every_page_once(
+    fleet: Fleet, site_factory: SiteFactory,
+) -> None:
+    site = site_factory(hosts=40, pages_per_host=25, fanout=10, latency=0.05)
+    results = fleet.run(2, fleet.crawling(site, **WIDE), log="w")
+    assert_finished(results)
+    assert_exactly_once(site)  # the site's own log: every page, none twice
+    assert sum(r.stats.get("redisspine/scheduler/leases_alongside", 0) for r in results) > 0
+
+
+def test_a_worker_killed_with_two_leases_on_their_way_loses_nothing(
+    redis_url: str, real_redis: redis.Redis,
+) -> None:
+    """SIGKILL right after Redis took a lease alongside, with the lease carrying the
+    outbox on its way too: a second worker's sweep returns everything the dead one
+    held (its book, both leases, the acks it never sent), and only that is handed
+    out twice."""
+    n = 3000
+    fast = ["--setting", "REDISSPINE_HEARTBEAT_SECONDS=0.3",
+            "--setting", "REDISSPINE_WORKER_TIMEOUT_SECONDS=1.5",
+            "--setting", "REDISSPINE_SWEEP_SECONDS=0.3"]
+    victim = subprocess.run(
+        [sys.executable, "-m", "tests.integration.alongside_driver", redis_url, str(n),
+         "--die-in-alongside", "20", *fast],
+        capture_output=True, text=True, timeout=150, cwd=ROOT, check=False,
+    )
+    assert victim.returncode == -9, victim.stderr[-3000:]
+    first = _taken_lines(victim.stdout)
+    assert 0 < len(first) < n
+    inflight = next(str(key, "utf-8") for key in real_redis.keys("*alongside*:inflight"))
+    held = real_redis.hlen(inflight)  # all the dead worker's: nobody else ran
+    assert held >= 2 * 16  # at least the lease alongside's and one batch of its book
+    # (it stops when nothing was handed out for 8 s: the sweep comes within ~2 s)
+    result = _drive(redis_url, n, "--no-enqueue", "--idle-seconds", "8", *fast)
+    second = result["taken"]
+    assert set(first) | set(second) == set(urls(n))  # nothing lost
+    twice = set(first) & set(second)
+    assert len(twice) <= held, f"more handed out twice than the dead worker held ({held})"
+    _assert_all_once_and_nothing_left(sorted(set(first) | set(second)), n, real_redis)
