@@ -24,7 +24,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.scheduler_micro import _Engine, _requests, _settings  # noqa: E402
+from benchmarks.scheduler_micro import _requests, _settings  # noqa: E402
+from scrapy_redisspine.testing.engine import StandInEngine  # noqa: E402
 
 
 def measure(n: int, hosts: int, cold: bool) -> dict[str, Any]:
@@ -45,7 +46,7 @@ def measure(n: int, hosts: int, cold: bool) -> dict[str, Any]:
         crawler = get_crawler(BenchSpider, _settings("spine", url, ""))
         spider = BenchSpider.from_crawler(crawler)
         crawler.spider = spider
-        scheduler = Scheduler.from_crawler(crawler, engine=_Engine())
+        scheduler = Scheduler.from_crawler(crawler, engine=StandInEngine())
         scheduler.open(spider)
         requests = _requests(n + 1, hosts)
         if not cold:  # load the enqueue script: its cache is no per-request cost

@@ -50,35 +50,6 @@ IMPLS = ("scrapy", "scrapy-disk", "scrapy-redis", "spine")
 SLOTS = 16
 
 
-class _Engine:
-    """Stands in for the engine (the scheduler's ``EnginePort``): 16 free download
-    slots, wake-ups ignored; :meth:`done` is the engine's "done with this request"."""
-
-    def __init__(self) -> None:
-        self.done: Any = None
-
-    def attach(self, on_request_done: Any) -> None:
-        self.done = on_request_done
-
-    def detach(self) -> None:
-        pass
-
-    def free_download_slots(self) -> int:
-        return SLOTS
-
-    def wake(self) -> None:
-        pass
-
-    def starting(self) -> bool:
-        return False  # no start requests: every request is an ordinary one
-
-    def close_spider(self, reason: str) -> None:
-        pass
-
-    def mark_failed(self) -> None:
-        pass
-
-
 def _requests(n: int, hosts: int) -> list[Any]:
     import scrapy
 
@@ -236,8 +207,9 @@ def _open(impl: str, redis_url: str, extra: str, mode: str) -> tuple[Any, Any, A
         scheduler: Any = RedisScheduler.from_crawler(crawler)
     elif impl == "spine":
         from scrapy_redisspine.scheduler import Scheduler as SpineScheduler
+        from scrapy_redisspine.testing.engine import StandInEngine
 
-        engine = _Engine()
+        engine = StandInEngine(SLOTS)
         scheduler = SpineScheduler.from_crawler(crawler, engine=engine)
     else:
         from scrapy.core.scheduler import Scheduler as ScrapyScheduler

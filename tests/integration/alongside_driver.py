@@ -34,6 +34,7 @@ import scrapy
 from scrapy.utils.test import get_crawler
 
 from scrapy_redisspine.scheduler import Scheduler
+from scrapy_redisspine.testing.engine import StandInEngine
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -44,34 +45,6 @@ PAGE_LINKS = 100
 STALL_SECONDS = 30.0
 
 
-class Engine:
-    """The scheduler's engine: ``SLOTS`` free download slots, requests done at once."""
-
-    def __init__(self) -> None:
-        self.done: Any = None
-
-    def attach(self, on_request_done: Any) -> None:
-        self.done = on_request_done
-
-    def detach(self) -> None:
-        pass
-
-    def free_download_slots(self) -> int:
-        return SLOTS
-
-    def wake(self) -> None:
-        pass
-
-    def starting(self) -> bool:
-        return False
-
-    def close_spider(self, reason: str) -> None:
-        pass
-
-    def mark_failed(self) -> None:
-        pass
-
-
 class Spider(scrapy.Spider):
     name = "alongside"
 
@@ -79,7 +52,7 @@ class Spider(scrapy.Spider):
         pass
 
 
-def _open(redis_url: str, **settings: Any) -> tuple[Scheduler, Engine]:
+def _open(redis_url: str, **settings: Any) -> tuple[Scheduler, StandInEngine]:
     crawler = get_crawler(Spider, {
         "REDISSPINE_REDIS_URL": redis_url, "REDISSPINE_CRAWL_ID": "alongside",
         "ADDONS": {"scrapy_redisspine.Addon": 0}, "LOG_LEVEL": "INFO",
@@ -87,7 +60,7 @@ def _open(redis_url: str, **settings: Any) -> tuple[Scheduler, Engine]:
     })
     spider = Spider.from_crawler(crawler)
     crawler.spider = spider
-    engine = Engine()
+    engine = StandInEngine(SLOTS)
     scheduler = Scheduler.from_crawler(crawler, engine=engine)
     scheduler.open(spider)
     return scheduler, engine
@@ -142,36 +115,55 @@ async def crawl(redis_url: str, n: int, *, before: Callable[[Scheduler], None] =
 LOST: list[int] = []
 
 
-def fail_one_alongside(applied: bool, nth: int = 2, *,
-                       die: bool = False) -> Callable[[Scheduler], None]:
+def fail_one_alongside(applied: bool, nth: int = 1) -> Callable[[Scheduler], None]:
     """Make the ``nth`` lease alongside fail: after Redis applied it (``applied``: its
-    reply lost; what it leased is counted in ``LOST``) or before it was sent; with
-    ``die``, the process is killed once Redis applied it."""
+    reply lost; what it leased is counted in ``LOST``) or before it was sent."""
+
+    def lost(call: Callable[[], Any], scheduler: Scheduler) -> Any:
+        if applied:
+            LOST.append(len(call().leases))
+        raise redis.ConnectionError("the reply was lost")
+
+    return _on_alongside(nth, lost)
+
+
+def die_in_alongside(nth: int) -> Callable[[Scheduler], None]:
+    """SIGKILL this process right after Redis applied a lease alongside (the ``nth``
+    or a later one) while the lease carrying the outbox is on its way too."""
+
+    def die(call: Callable[[], Any], scheduler: Scheduler) -> Any:
+        batch = call()
+        if not scheduler.leaser.in_flight:  # its reply came in meanwhile: the next one
+            return batch
+        sys.stdout.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+        raise AssertionError("not reached")
+
+    return _on_alongside(nth, die, every_after=True)
+
+
+def _on_alongside(
+    nth: int, fault: Callable[[Callable[[], Any], Scheduler], Any], *,
+    every_after: bool = False,
+) -> Callable[[Scheduler], None]:
+    """Run the ``nth`` lease alongside (or, ``every_after``, each from it on) as
+    ``fault(call, scheduler)``."""
 
     def install(scheduler: Scheduler) -> None:
         io = scheduler.upkeep_io
         submit = io.submit
         seen = 0
 
-        def failing(name: str, call: Any, done: Any, failed: Any) -> None:
+        def wrapped(name: str, call: Any, done: Any, failed: Any) -> None:
             nonlocal seen
             if name == "lease":  # the only lease on the upkeep queue goes alongside
                 seen += 1
-                if seen == nth:
-                    def lost() -> Any:
-                        if applied:
-                            LOST.append(len(call().leases))
-                        if die:
-                            assert scheduler.leaser.in_flight  # the outbox's lease too
-                            sys.stdout.flush()
-                            os.kill(os.getpid(), signal.SIGKILL)
-                        raise redis.ConnectionError("the reply was lost")
-
-                    submit(name, lost, done, failed)
+                if seen == nth or (every_after and seen > nth):
+                    submit(name, lambda: fault(call, scheduler), done, failed)
                     return
             submit(name, call, done, failed)
 
-        io.submit = failing  # type: ignore[method-assign]
+        io.submit = wrapped  # type: ignore[method-assign]
 
     return install
 
@@ -207,7 +199,7 @@ def main() -> None:
     if args.fail_alongside:
         before = fail_one_alongside(args.fail_alongside == "reply-lost")
     elif args.die_in_alongside:
-        before = fail_one_alongside(True, args.die_in_alongside, die=True)
+        before = die_in_alongside(args.die_in_alongside)
     warnings = _Warnings()
     logging.getLogger("scrapy_redisspine").addHandler(warnings)
     taken, scheduler = asyncio.run(crawl(args.url, args.n, before=before,

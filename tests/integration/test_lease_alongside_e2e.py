@@ -24,7 +24,12 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from tests.integration.alongside_driver import HOSTS, urls
-from tests.integration.crawlproc import assert_exactly_once, assert_finished
+from tests.integration.crawlproc import (
+    assert_all_fetched,
+    assert_exactly_once,
+    assert_finished,
+    wait_for,
+)
 
 if TYPE_CHECKING:
     from tests.conftest import SiteFactory
@@ -87,11 +92,11 @@ def test_none_alongside_when_switched_off_or_sharded(
 def test_a_failed_lease_alongside_loses_nothing_and_hands_out_nothing_twice(
     redis_url: str, real_redis: redis.Redis, fault: str,
 ) -> None:
-    """The second lease alongside fails: after Redis leased its requests (the reply
+    """The first lease alongside fails: after Redis leased its requests (the reply
     lost: the next lease returns them as orphans), or before it reached Redis."""
     n = 1200
     result = _drive(redis_url, n, "--fail-alongside", fault)
-    assert result["stats"].get("redisspine/scheduler/leases_alongside", 0) >= 2
+    assert result["stats"].get("redisspine/scheduler/leases_alongside", 0) >= 1
     _assert_all_once_and_nothing_left(result["taken"], n, real_redis)
     returned = [line for line in result["warnings"] if "did not hold" in line]
     if fault == "reply-lost":  # Redis leased them, the worker never heard: returned
@@ -104,9 +109,11 @@ def test_a_failed_lease_alongside_loses_nothing_and_hands_out_nothing_twice(
 
 # -- real `scrapy crawl` workers ----------------------------------------------------------
 
-#: A downloader with room for more than a lease batch beyond the one on its way, over
-#: enough lane slots (40 hosts x 4) that each lease comes back full: leases go alongside.
+#: A downloader with room for more than a lease batch (4 here) beyond the one on its
+#: way, over enough lane slots (40 hosts x 4) that leases come back full: leases go
+#: alongside.
 WIDE = {"CONCURRENT_REQUESTS": 64, "REDISSPINE_HOST_CONCURRENCY": 4,
+        "REDISSPINE_LEASE_BATCH_SIZE": 4,
         "REDISSPINE_HEARTBEAT_SECONDS": 0.3, "REDISSPINE_WORKER_TIMEOUT_SECONDS": 1.5,
         "REDISSPINE_SWEEP_SECONDS": 0.3}
 
@@ -115,7 +122,7 @@ WIDE = {"CONCURRENT_REQUESTS": 64, "REDISSPINE_HOST_CONCURRENCY": 4,
 def test_a_crawl_with_leases_alongside_fetches_every_page_once(
     fleet: Fleet, site_factory: SiteFactory,
 ) -> None:
-    site = site_factory(hosts=40, pages_per_host=25, fanout=10, latency=0.05)
+    site = site_factory(hosts=40, pages_per_host=25, fanout=10, latency=0.2)
     results = fleet.run(2, fleet.crawling(site, **WIDE), log="w")
     assert_finished(results)
     assert_exactly_once(site)  # the site's own log: every page, none twice
@@ -135,7 +142,7 @@ def test_a_worker_killed_with_two_leases_on_their_way_loses_nothing(
             "--setting", "REDISSPINE_SWEEP_SECONDS=0.3"]
     victim = subprocess.run(
         [sys.executable, "-m", "tests.integration.alongside_driver", redis_url, str(n),
-         "--die-in-alongside", "20", *fast],
+         "--die-in-alongside", "1", *fast],
         capture_output=True, text=True, timeout=150, cwd=ROOT, check=False,
     )
     assert victim.returncode == -9, victim.stderr[-3000:]
@@ -151,3 +158,23 @@ def test_a_worker_killed_with_two_leases_on_their_way_loses_nothing(
     twice = set(first) & set(second)
     assert len(twice) <= held, f"more handed out twice than the dead worker held ({held})"
     _assert_all_once_and_nothing_left(sorted(set(first) | set(second)), n, real_redis)
+
+
+@pytest.mark.e2e
+def test_a_crawl_worker_killed_among_leases_alongside_loses_nothing(
+    fleet: Fleet, site_factory: SiteFactory, real_redis: redis.Redis,
+) -> None:
+    """SIGKILL a real worker mid-crawl, leases alongside among its leases: the other
+    worker's sweep returns what the dead one held, and only that is fetched twice."""
+    site = site_factory(hosts=40, pages_per_host=25, fanout=10, latency=0.2)
+    settings = fleet.crawling(site, **WIDE)
+    [victim] = fleet.start(1, settings, log="v")
+    wait_for(lambda: len(site.requests()) >= 300, 60, "the crawl well under way")
+    held = real_redis.hlen(fleet.keys.inflight)  # the most the victim can have held
+    victim.kill()
+    victim.process.wait()
+    results = fleet.run(1, settings, log="rest", timeout=120)
+    assert_finished(results)
+    twice = assert_all_fetched(site)
+    assert len(twice) <= held, f"more fetched twice than the dead worker held ({held}): {twice}"
+    assert results[0].stats.get("redisspine/scheduler/leases_alongside", 0) > 0

@@ -109,6 +109,14 @@ class Worker:
             self.full_round()
         assert self.leaser.ahead == BATCH
 
+    def both_out(self) -> None:
+        """After the warm-up: a lease on its way, then one alongside it."""
+        self.warm()
+        self.leaser.lease()
+        self.leaser.lease()
+        assert len(self.io.waiting) == 1
+        assert len(self.other.waiting) == 1
+
     def alongside(self) -> int:
         return int(self.stats.get_value("redisspine/scheduler/leases_alongside", 0))
 
@@ -189,10 +197,7 @@ def test_no_reconciliation_while_a_lease_alongside_is_on_its_way(
     stats: MemoryStatsCollector,
 ) -> None:
     worker = Worker(stats)
-    worker.warm()
-    worker.leaser.lease()
-    worker.leaser.lease()
-    assert len(worker.other.waiting) == 1
+    worker.both_out()
     worker.io.answer()  # the hot lease is back; the alongside one is still out
     worker.hand_out_all()
     worker.guard.reconcile_needed = True
@@ -230,9 +235,7 @@ def test_a_lost_alongside_reply_is_reconciled_by_the_next_lease(
     stats: MemoryStatsCollector,
 ) -> None:
     worker = Worker(stats)
-    worker.warm()
-    worker.leaser.lease()
-    worker.leaser.lease()
+    worker.both_out()
     worker.frontier.lose_next_reply = True
     worker.other.answer()  # Redis leased them; the reply never came
     assert worker.guard.reconcile_needed
