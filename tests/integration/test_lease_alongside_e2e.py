@@ -66,12 +66,14 @@ def _assert_all_once_and_nothing_left(taken: list[str], n: int, client: redis.Re
     assert left == []
 
 
+@pytest.mark.parametrize("calls", ["greenlets", "threads"])
 def test_leases_go_alongside_and_every_request_is_handed_out_once(
-    redis_url: str, real_redis: redis.Redis,
+    redis_url: str, real_redis: redis.Redis, calls: str,
 ) -> None:
     n = 1200
-    result = _drive(redis_url, n)
-    assert result["stats"]["redisspine/redis/calls"] == "greenlets"
+    result = _drive(redis_url, n, "--setting",
+                    f"REDISSPINE_REDIS_GREENLETS={json.dumps(calls == 'greenlets')}")
+    assert result["stats"]["redisspine/redis/calls"] == calls
     assert result["stats"].get("redisspine/scheduler/leases_alongside", 0) > 0
     _assert_all_once_and_nothing_left(result["taken"], n, real_redis)
 
