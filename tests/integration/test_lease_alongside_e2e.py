@@ -1,7 +1,7 @@
 """Leases alongside on a real loop and a real Redis: the scheduler driven as a crawl's
 engine drives it (``alongside_driver.py``, in a process of its own so that its Redis
-calls park on an asyncio loop in greenlets, as in a crawl under Scrapy's default
-reactor).
+calls run off an asyncio loop, parked in greenlets or on threads, as in a crawl under
+Scrapy's default reactor).
 
 Each test checks the outcome in Redis and in what the worker handed out: every
 request handed out exactly once, nothing left queued or in flight. The faults: a
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from tests.integration.alongside_driver import HOSTS, urls
+from tests.integration.alongside_driver import urls
 from tests.integration.crawlproc import (
     assert_all_fetched,
     assert_exactly_once,
@@ -32,11 +32,10 @@ from tests.integration.crawlproc import (
 )
 
 if TYPE_CHECKING:
+    import redis
+
     from tests.conftest import SiteFactory
     from tests.integration.crawlproc import Fleet
-
-if TYPE_CHECKING:
-    import redis
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -57,7 +56,7 @@ def _taken_lines(text: str) -> list[str]:
 
 
 def _assert_all_once_and_nothing_left(taken: list[str], n: int, client: redis.Redis) -> None:
-    assert sorted(taken) == sorted(f"http://h{i % HOSTS}.test/p/{i}" for i in range(n))
+    assert sorted(taken) == sorted(urls(n))
     keys = {str(key, "utf-8") for key in client.keys("*alongside*")}
     assert any(key.endswith(":stats") for key in keys)  # the crawl's keys, by this pattern
     # Redis deletes a HASH or ZSET with its last entry: none of these may be left
