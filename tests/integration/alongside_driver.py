@@ -1,6 +1,7 @@
 """Drives a spine scheduler as a crawl's engine does, on a real asyncio loop in a
 process of its own (no Twisted reactor installed, so its Redis calls park on the
-loop in greenlets, as under Scrapy's asyncio reactor), for
+loop in greenlets as under Scrapy's asyncio reactor, or run on threads with
+``REDISSPINE_REDIS_GREENLETS=false``), for
 ``test_lease_alongside_e2e.py``: a page's links enqueued per turn of the loop, then
 every free slot filled and reported done at once, until all is handed out.
 
@@ -10,9 +11,10 @@ every free slot filled and reported done at once, until all is handed out.
 
 Prints a line ``taken <url>`` as each request is handed out (so that a worker that
 dies leaves its record behind), then one JSON line: the URLs handed out, the
-scheduler's stats, and the warnings it logged. ``--die-in-alongside K``: the K-th
-lease alongside is taken in Redis, then the process kills itself (SIGKILL) before
-its reply is handled, with the lease that carries the outbox on its way too.
+scheduler's stats, and the warnings it logged. ``--die-in-alongside K``: once Redis
+took the K-th lease alongside (or the first after it that goes while the lease
+carrying the outbox is on its way too), the process kills itself (SIGKILL) before
+the reply is handled.
 ``--no-enqueue``: a worker joining to drain what is left, until nothing was handed
 out for ``--idle-seconds``.
 """
