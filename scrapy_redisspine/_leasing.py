@@ -130,12 +130,11 @@ class Leaser:
         self._wake_call: DelayedCall | None = None
         self._wake_due = float("inf")  # when the wake-up timer fires (this clock)
         self._io: RedisIO = io or InlineIO(stats)
-        self._in_flight = False  # a lease on its way
+        self._in_flight = 0  # requests the lease on its way asked for (0: none on its way)
         self._local_in_flight = False  # slots for requests kept in memory, on their way
         self._ahead = 0.0  # requests asked for per lease round trip (moving average)
         self._asked_in_flight = 0  # asked for since the lease on its way was submitted
         self._alongside_io = alongside_io
-        self._count_in_flight = 0  # what the lease on its way asked for
         self._reconciling = False  # the lease on its way returns orphans first
         self._alongside_in_flight = False  # a lease alongside on its way
         self._last_full = False  # the last lease reply brought all it asked for
@@ -177,7 +176,7 @@ class Leaser:
     @property
     def in_flight(self) -> bool:
         """A lease is on its way: its reply may bring requests."""
-        return self._in_flight
+        return self._in_flight > 0
 
     @property
     def ahead(self) -> int:
@@ -262,16 +261,15 @@ class Leaser:
             return released, sent, batch
 
         def failed(exc: Exception) -> None:
-            self._in_flight = self._reconciling = False
+            self._in_flight, self._reconciling = 0, False
             if sending is not None:
                 self._outbox.abort_send(sending)
             if not isinstance(exc, CALL_ERRORS):
                 raise exc
             self._guard.failed("lease", exc)
 
-        self._in_flight = True
+        self._in_flight = count
         self._reconciling = known is not None
-        self._count_in_flight = count
         self._asked_in_flight = 0
         self._io.submit("lease", call, lambda reply: self._leased(reply, sending, count, now),
                         failed)
@@ -286,22 +284,17 @@ class Leaser:
                 or not self._io.near or not self._guard.available("lease")):
             return
         free = self._engine.free_download_slots() if self._engine is not None else 0
-        count = min(free + self.ahead - self._book.ready - self._count_in_flight,
+        count = min(free + self.ahead - self._book.ready - self._in_flight,
                     self._batch_size)
         if count < max(1, self._batch_size // 2):
             return
         frontier, now = self._frontier, self._clock.seconds()
-
-        def failed(exc: Exception) -> None:
-            self._alongside_in_flight = False
-            if not isinstance(exc, CALL_ERRORS):
-                raise exc
-            self._guard.failed("lease", exc)
-
         self._alongside_in_flight = True
         self._stats.inc_value("redisspine/scheduler/leases_alongside")
         io.submit("lease", lambda: frontier.lease(count),
-                  lambda batch: self._leased_alongside(batch, count, now), failed)
+                  lambda batch: self._leased_alongside(batch, count, now),
+                  reported(self._guard, "lease",
+                           lambda: setattr(self, "_alongside_in_flight", False)))
 
     def _leased_alongside(self, batch: LeaseBatch, count: int, now: float) -> None:
         """A lease alongside is in (the crawl's loop): as any lease reply, without a
@@ -318,7 +311,7 @@ class Leaser:
     ) -> None:
         """A lease reply is in (the crawl's loop): take the send's outcome, count,
         accept the leases, wake the engine if any is ready."""
-        self._in_flight = self._reconciling = False
+        self._in_flight, self._reconciling = 0, False
         self._learn_ahead()
         released, sent, batch = reply
         if released is not None:
