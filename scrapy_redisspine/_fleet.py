@@ -303,6 +303,13 @@ class FleetMember:
         self.orders = orders
         self.close_if_idle()
 
+    def joined(self, orders: Orders) -> None:
+        """The orders read at join: in force before the first heartbeat, so that a
+        worker started on a paused or draining crawl leases nothing."""
+        if orders.stop_leasing:
+            logger.info("redisspine: fleet orders at join: %s", orders.describe())
+        self.orders = orders
+
     def close_ordered(self, reason: str) -> None:
         """A fleet-wide limit was reached (a lease reply or the limits check said so):
         lease no more, close once nothing is in progress."""

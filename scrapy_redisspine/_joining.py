@@ -25,7 +25,7 @@ import redis
 from redis.sentinel import MasterNotFoundError
 
 from scrapy_redisspine.connection import RedisServerNotFound, describe_url
-from scrapy_redisspine.control import CLOSE
+from scrapy_redisspine.control import CLOSE, Orders, read_orders
 from scrapy_redisspine.frontier import CorruptKeyError, Frontier, Registration
 from scrapy_redisspine.keys import CrawlKeys
 from scrapy_redisspine.placement import (
@@ -78,6 +78,10 @@ class Joined:
     connection: WorkerConnection
     frontier: AnyFrontier
     registration: Registration
+    #: The fleet's orders as they stood when this worker joined: a crawl paused or
+    #: draining before it started is so for it from its first lease on, not from its
+    #: first heartbeat (REDISSPINE_HEARTBEAT_SECONDS later).
+    orders: Orders
 
 
 def join(config: SpineConfig, crawl_id: str, spider: str, worker_id: str) -> Joined:
@@ -118,8 +122,9 @@ def join(config: SpineConfig, crawl_id: str, spider: str, worker_id: str) -> Joi
         ))
     if registration.alive == 0:
         _new_run(frontier)
+    orders = _riding(connection, lambda: read_orders(frontier.client, frontier.keys))
     _log_joined(config, crawl_id, connection, registration, worker_id)
-    return Joined(connection, frontier, registration)
+    return Joined(connection, frontier, registration, orders)
 
 
 def _placed(config: SpineConfig, connection: WorkerConnection, keys: CrawlKeys) -> CrawlKeys:

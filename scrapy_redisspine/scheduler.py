@@ -172,6 +172,7 @@ class Scheduler(BaseScheduler):
             return
         self.connection, self.frontier = joined.connection, joined.frontier
         self._assemble(spider)
+        self.fleet.joined(joined.orders)
         self.hosts.take_over_download_delay(spider)
         try:
             self.hosts.share_lane_limits()

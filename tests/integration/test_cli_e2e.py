@@ -97,6 +97,33 @@ def test_pause_stops_fetching_and_resume_finishes(
         assert "DEBUG: Operation failed" not in result.log, "redis-py's DEBUG noise"
 
 
+def test_a_worker_started_on_a_paused_crawl_fetches_nothing_until_resumed(
+    fleet: Fleet, site_factory: SiteFactory, redis_url: str, real_redis: redis.Redis
+) -> None:
+    """Orders given before a worker starts hold from its first lease: it used to read
+    them at its first heartbeat only, and fetched pages of a paused crawl until then.
+    The heartbeat here is long, so that the worker's window is wide and seen."""
+    site = site_factory(hosts=3, pages_per_host=5)
+    crawl = fleet.keys.crawl_id
+    _cli(redis_url, "seed", crawl, *site.start_urls())  # `pause` takes a crawl that exists
+    _cli(redis_url, "pause", crawl)
+    [worker] = fleet.start(1, fleet.crawling(site, REDISSPINE_HEARTBEAT_SECONDS=4,
+                                             REDISSPINE_WORKER_TIMEOUT_SECONDS=30))
+    try:
+        wait_for(lambda: real_redis.zcard(fleet.keys.workers) == 1, 60, "the worker joined")
+        time.sleep(2.0)  # well before its first heartbeat
+        assert _fetched(site) == 0, "pages fetched while paused"
+        assert real_redis.hlen(fleet.keys.inflight) == 0, "requests leased while paused"
+        _cli(redis_url, "resume", crawl)
+        [result] = wait_workers([worker], timeout=60)
+    finally:
+        worker.kill()
+    assert_finished([result])
+    assert_exactly_once(site)
+    assert "redisspine: fleet orders at join: paused" in result.log
+    assert "redisspine: fleet orders now resumed" in result.log
+
+
 def test_drain_exits_with_reason_drained_and_loses_nothing(
     fleet: Fleet, site_factory: SiteFactory, redis_url: str, real_redis: redis.Redis
 ) -> None:

@@ -58,6 +58,49 @@ def test_paused_worker_leases_nothing_and_does_not_finish(
     assert next_request(scheduler) is not None
 
 
+@pytest.mark.parametrize("order", [PAUSED, DRAIN])
+def test_worker_joining_a_paused_or_draining_crawl_leases_nothing_before_its_heartbeat(
+    make_scheduler: MakeScheduler, client: redis.Redis, caplog: pytest.LogCaptureFixture,
+    *, order: str,
+) -> None:
+    """The orders in force when a worker joins hold from its first call to next_request,
+    not from its first heartbeat (REDISSPINE_HEARTBEAT_SECONDS later): a worker started
+    on a paused crawl used to lease and fetch for that long."""
+    seeder = _open(make_scheduler)
+    seeder.close("shutdown")
+    give_order(client, KEYS, order, True)
+    with caplog.at_level(logging.INFO, logger="scrapy_redisspine"):
+        scheduler = make_scheduler("w2")
+    assert scheduler.fleet.orders == read_orders(client, KEYS)
+    assert scheduler.fleet.orders.stop_leasing
+    assert next_request(scheduler) is None
+    assert client.hlen(KEYS.inflight) == 0, "nothing leased before the first heartbeat"
+    assert queued_count(client, KEYS) == 3
+    said = "paused" if order == PAUSED else "draining"
+    assert f"fleet orders at join: {said}" in caplog.text
+    assert pending(scheduler)
+    scheduler.fleet.heartbeat()
+    if order == PAUSED:
+        assert engine_of(scheduler).closed == []
+        give_order(client, KEYS, PAUSED, False)
+        scheduler.fleet.heartbeat()
+        assert next_request(scheduler) is not None, "resumed: it leases"
+    else:
+        assert engine_of(scheduler).closed == ["drained"], "nothing in progress: it closes"
+        scheduler.close("drained")
+        assert queued_count(client, KEYS) == 3
+
+
+def test_worker_joining_a_running_crawl_says_no_orders(
+    make_scheduler: MakeScheduler, caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.INFO, logger="scrapy_redisspine"):
+        scheduler = _open(make_scheduler)
+    assert not scheduler.fleet.orders.stop_leasing
+    assert "fleet orders at join" not in caplog.text
+    assert next_request(scheduler) is not None
+
+
 def test_draining_worker_stops_leasing_and_stays_pending(
     make_scheduler: MakeScheduler, client: redis.Redis
 ) -> None:
