@@ -60,6 +60,9 @@ SLOW_CALL_SECONDS = 0.5
 #: Redis counts as near while its calls take less than this (a moving average):
 #: then the scheduler may wait for a lease reply rather than tell Scrapy it has none.
 NEAR_SECONDS = 0.005
+#: ... and while none of the calls on their way is older than this (a Redis that just
+#: froze is not near).
+OVERDUE_SECONDS = 0.05
 _SLOW_LOG_INTERVAL_SECONDS = 60.0
 
 
@@ -165,7 +168,7 @@ class CallTimes:
         those on its way already overdue (a Redis that just froze is not near)?"""
         if self._recent >= NEAR_SECONDS:
             return False
-        return not self._submitted or time.monotonic() - self._submitted[0] < 0.05
+        return not self._submitted or time.monotonic() - self._submitted[0] < OVERDUE_SECONDS
 
     def submitted(self) -> None:
         self._submitted.append(time.monotonic())

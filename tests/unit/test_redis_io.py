@@ -324,3 +324,36 @@ def test_a_send_that_fails_in_the_air_keeps_everything_for_the_next_one(
     assert len(outbox) == 1
     assert outbox.acks == 2
     assert stats.get_value("redisspine/redis_errors/enqueue") == 1
+
+
+def test_redis_is_near_while_calls_are_fast_and_none_is_overdue(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What ``near`` says (the scheduler waits for a lease reply at the start, and
+    leases alongside, only while it holds): the calls' moving average under
+    NEAR_SECONDS, and no call on its way for OVERDUE_SECONDS or more."""
+    from scrapy_redisspine import _redis_io
+
+    now = [100.0]
+    monkeypatch.setattr(_redis_io.time, "monotonic", lambda: now[0])
+    times = _redis_io.CallTimes(MemoryStatsCollector(get_crawler()), slow_seconds=0.5)
+    assert times.near, "no call yet"
+    for _ in range(20):
+        times.submitted()
+        times.delivered("lease", 0.001)
+    assert times.near
+    times.submitted()
+    now[0] += _redis_io.OVERDUE_SECONDS - 0.001
+    assert times.near, "on its way, not overdue yet"
+    now[0] += 0.002
+    assert not times.near, "a call on its way is overdue: Redis may have frozen"
+    times.delivered("lease", 0.001)
+    assert times.near
+    for _ in range(20):
+        times.submitted()
+        times.delivered("lease", 2 * _redis_io.NEAR_SECONDS)
+    assert not times.near, "calls take longer than NEAR_SECONDS lately"
+    for _ in range(40):
+        times.submitted()
+        times.delivered("lease", 0.001)
+    assert times.near, "the moving average came back down"

@@ -45,6 +45,27 @@ class KillAfterItem:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+class RedisNearUnderLoad:
+    """``TESTPROJECT_REDIS_NEAR=1``: the worker takes its Redis for near (the lease
+    alongside's precondition) however slowly a loaded test machine's loop delivers
+    the replies. For the tests of what a lease alongside does, which must see one; when
+    Redis counts as near is unit-tested (``tests/unit/test_redis_io.py``)."""
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> RedisNearUnderLoad:
+        if not crawler.settings.getbool("TESTPROJECT_REDIS_NEAR"):
+            raise NotConfigured
+        near_under_load()
+        return cls()
+
+
+def near_under_load() -> None:
+    """Redis counts as near unless a call takes seconds (see RedisNearUnderLoad)."""
+    from scrapy_redisspine import _redis_io
+
+    _redis_io.NEAR_SECONDS = _redis_io.OVERDUE_SECONDS = 5.0
+
+
 class ReportLoop:
     """Logs, as the spider closes, whether Twisted's reactor was ever imported in the
     worker: the reactorless tests read it to know a crawl really ran on a bare

@@ -28,4 +28,5 @@ RETRY_ENABLED = True
 # Off unless a test sets LINKS_KILL_AFTER_ITEM; after the add-on's own extensions, so
 # that the plugin hears of an item before this kills the worker.
 EXTENSIONS = {"testproject.extensions.KillAfterItem": 900, "testproject.extensions.ReportLoop": 0,
-              "testproject.extensions.LoopLag": 0}
+              "testproject.extensions.LoopLag": 0,
+              "testproject.extensions.RedisNearUnderLoad": 0}
