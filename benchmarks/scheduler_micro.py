@@ -274,6 +274,17 @@ def redis_config_args(config: str) -> list[str]:
     return args
 
 
+def commandstats(client: Any, top: int = 8) -> dict[str, dict[str, float]]:
+    """The commands Redis spent most time in over the whole run (the scripts' own
+    time is ``evalsha``'s, the commands they call are counted apart): calls and µs
+    per call of the ``top`` ones, from ``INFO commandstats``."""
+    stats = client.info("commandstats")
+    ranked = sorted(stats.items(), key=lambda item: -float(item[1]["usec"]))[:top]
+    return {name.removeprefix("cmdstat_"): {"calls": int(entry["calls"]),
+                                             "usec_per_call": float(entry["usec_per_call"])}
+            for name, entry in ranked}
+
+
 def run_child(impl: str, args: argparse.Namespace, rtt_ms: float) -> dict[str, Any]:
     sys.path.insert(0, str(ROOT))
     from benchmarks.crawl_compare import behind_proxy, bench_python
@@ -294,7 +305,11 @@ def run_child(impl: str, args: argparse.Namespace, rtt_ms: float) -> dict[str, A
         finally:
             if proxy:
                 proxy.stop()
-    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+        result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+        if args.commandstats and impl in ("scrapy-redis", "spine"):
+            client = server.client()
+            result["commandstats"] = commandstats(client)
+            client.close()
     if rtt_ms:
         result["impl"] += f"@{rtt_ms:g}ms"
         result["measured_rtt_ms"] = measured_rtt
@@ -323,6 +338,9 @@ def main() -> int:
     parser.add_argument("--redis-config", default="",
                         help="the throwaway redis-server's settings, 'name value, ...' "
                              "(e.g. 'hash-max-listpack-entries 16, zset-max-listpack-entries 16')")
+    parser.add_argument("--commandstats", action="store_true",
+                        help="add each Redis scheduler run's most costly commands "
+                             "(INFO commandstats: calls, µs per call)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--redis-url", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -360,6 +378,13 @@ def main() -> int:
         print(f"| {impl} | {rate:,.0f} | {statistics.median(r['enqueue_s'] for r in runs):.3f} "
               f"| {statistics.median(r['drain_s'] for r in runs):.3f} | {busy} | {memory} "
               f"| {ratio} |")
+    for impl, runs in results.items():
+        if "commandstats" in runs[-1]:
+            print(f"\n{impl}, last run: Redis's most costly commands (calls, µs per call)")
+            print("| command | calls | µs per call |")
+            print("|---|---|---|")
+            for name, entry in runs[-1]["commandstats"].items():
+                print(f"| {name} | {entry['calls']:,} | {entry['usec_per_call']:.2f} |")
     return 0
 
 

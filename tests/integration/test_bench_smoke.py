@@ -3,8 +3,8 @@
 Keeps ``benchmarks/crawl_compare.py`` (and the latency proxy it uses for the
 remote-Redis runs), ``scheduler_micro.py``, ``micro_breakdown.py``, ``queue_memory.py``,
 ``shard_scaling.py``, ``cluster_groups.py``, ``script_cost.py``, ``bloom_lua_costs.py``,
-``lua_profile.py`` and ``client_costs.py`` from rotting: every reachable page fetched
-once, every queued request taken back.
+``lua_profile.py``, ``client_costs.py`` and ``packed_costs.py`` from rotting: every
+reachable page fetched once, every queued request taken back.
 """
 
 from __future__ import annotations
@@ -65,7 +65,8 @@ def test_scheduler_micro_benchmark_smoke() -> None:
     # driven on an asyncio loop, the spine's calls parked in greenlets: every request
     # taken back, each phase timed
     command = [sys.executable, str(ROOT / "benchmarks" / "scheduler_micro.py"),
-               "--impls", "scrapy,spine", "--n", "300", "--runs", "1", "--mode", "loop"]
+               "--impls", "scrapy,spine", "--n", "300", "--runs", "1", "--mode", "loop",
+               "--commandstats"]
     out = subprocess.run(command, check=True, capture_output=True, text=True, timeout=120)
     runs = [json.loads(line) for line in out.stdout.splitlines() if line.startswith('{"run"')]
     assert [(run["impl"], run["mode"], run["taken"], run["redis_calls"]) for run in runs] == [
@@ -82,8 +83,15 @@ def test_scheduler_micro_benchmark_smoke() -> None:
     spine = runs[1]
     assert spine["redis_cpu_drain_s"] >= 0, runs
     assert runs[0]["redis_cpu_drain_s"] is None, runs
-    assert isinstance(spine["leases_alongside"], int) and spine["leases_alongside"] >= 0, runs
+    assert isinstance(spine["leases_alongside"], int), runs
+    assert spine["leases_alongside"] >= 0, runs
     assert runs[0]["leases_alongside"] is None, runs
+    # --commandstats: the spine's Redis's command table (the scripts, and the commands
+    # they call: one ZRANGEBYLEX a leased request, each lane's first queue entry)
+    assert "commandstats" not in runs[0], runs
+    assert spine["commandstats"]["evalsha"]["calls"] > 0, runs
+    assert spine["commandstats"]["zrangebylex"]["calls"] >= 300, runs
+    assert "spine, last run: Redis's most costly commands" in out.stdout
 
     command = [sys.executable, str(ROOT / "benchmarks" / "micro_breakdown.py"), "--n", "300",
                "--by-script"]
@@ -224,3 +232,18 @@ def test_client_costs_benchmark_smoke() -> None:
         for path in ("general", "plain")
     }
     assert all(value > 0 for value in report.values()), report
+
+
+@pytest.mark.e2e
+def test_packed_costs_benchmark_smoke() -> None:
+    # the packed encodings where the defaults keep them, the hashed ones with the
+    # thresholds of 16, each command timed
+    command = [sys.executable, str(ROOT / "benchmarks" / "packed_costs.py"),
+               "--lanes", "40", "--touched", "8", "--rounds", "5"]
+    out = subprocess.run(command, check=True, capture_output=True, text=True, timeout=120)
+    runs = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    assert [run["encodings"] for run in runs] == [["listpack", "listpack"],
+                                                 ["skiplist", "hashtable"]], runs
+    assert all(run["usec_per_call"][name] > 0 for run in runs
+               for name in ("zadd", "zrem", "hmget")), runs
+    assert "| ZADD | ZREM | HMGET |" in out.stdout
