@@ -107,7 +107,9 @@ def test_repairs_are_counted_and_logged_at_most_twenty_a_minute(
         guard.repaired("lease", ())
         clock.now += 61
         guard.repaired("enqueue", ["redisspine:{c}:seq - \"?\" -> 1700000000000"])
-    lines = [r.getMessage() for r in caplog.records]
+    # The guard's own lines: a record from elsewhere in this process may land in the
+    # capture too (CI once caught another scheduler's "state in Redis is gone" here)
+    lines = [r.getMessage() for r in caplog.records if r.module == "_guard"]
     assert stats.get_value("redisspine/repaired") == 26
     assert len(lines) == 22, "20, then the sum of the rest, then the next minute's"
     assert lines[0] == (
