@@ -211,6 +211,23 @@ def build_scheduler(
 MakeScheduler = Callable[..., Scheduler]
 
 
+@pytest.fixture(autouse=True)
+def _no_timer_left_on_the_reactor() -> Iterator[None]:
+    """No test may leave a worker timer (``Periodic``) on the real reactor: pytest-twisted
+    runs that reactor during later tests, and a leftover timer then works for a crawl
+    that is over, against another test's Redis (a fleet totals push once logged "the
+    crawl's state in Redis is gone" into another test's log capture). Those left are
+    stopped, and the test that left them fails."""
+    yield
+    from twisted.internet import reactor
+
+    left = [call for call in reactor.getDelayedCalls()  # type: ignore[attr-defined]
+            if call.active() and type(getattr(call.func, "__self__", None)).__name__ == "Periodic"]
+    for call in left:
+        call.func.__self__.stop()
+    assert left == [], "a worker timer outlived its test on the real reactor"
+
+
 @pytest.fixture
 def make_scheduler(redis_url_for: str, clock: task.Clock) -> Iterator[MakeScheduler]:
     """``make_scheduler(worker_id="w1", *, spider=None, free_slots=1, **settings)``: an

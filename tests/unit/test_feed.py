@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 import redis as redis_lib
+from scrapy import signals as scrapy_signals
 from scrapy.utils.test import get_crawler
 
 from scrapy_redisspine import Addon, signals
@@ -141,7 +142,8 @@ def test_the_addon_switches_it_on_and_an_empty_key_switches_it_off() -> None:
 def test_in_a_crawl_the_key_is_named_by_the_crawler_spider(
     worker: Scheduler, client: redis_lib.Redis
 ) -> None:
-    crawler = get_crawler(SchedSpider, {"ADDONS": {Addon: 0},
+    # (Scrapy's own extensions left out: theirs would need spider_opened before the close)
+    crawler = get_crawler(SchedSpider, {"ADDONS": {Addon: 0}, "EXTENSIONS_BASE": {},
                                         "REDISSPINE_FEED_KEY": "{test}:%(name)s:feed"})
     crawler.spider = SchedSpider()  # as Crawler.crawl sets it, before the engine opens
     drain = FeedDrain.from_crawler(crawler)
@@ -151,7 +153,16 @@ def test_in_a_crawl_the_key_is_named_by_the_crawler_spider(
         assert drain.store.feed_key == "{test}:sched:feed"
         assert drain.running
     finally:
+        # The add-on's extensions of this crawler heard worker_opened too, and their
+        # timers run on the real reactor: a close stops them, or they tick on in later
+        # tests (a fleet totals push once logged "the crawl's state in Redis is gone"
+        # into another test's capture). The worker's own close tells a crawler of its
+        # own (none here), so this crawler is told here.
+        crawler.signals.send_catch_log(signals.worker_closing, worker=worker.view)
+        crawler.signals.send_catch_log(scrapy_signals.spider_closed, spider=crawler.spider,
+                                       reason="finished")
         drain.stop()
+    # (conftest's _no_timer_left_on_the_reactor fails the test if a timer is left)
 
 
 def test_urls_and_json_entries_are_crawled_with_meta_and_callback_bad_ones_dead_lettered(
