@@ -47,6 +47,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 IMPLS = ("scrapy", "scrapy-disk", "scrapy-redis", "spine")
+REDIS_IMPLS = ("scrapy-redis", "spine")  # the schedulers with a Redis of their own
 SLOTS = 16
 
 
@@ -238,7 +239,7 @@ def _spine_extras(scheduler: Any, impl: str, redis_cpu: float) -> dict[str, Any]
         "redis_calls": stats.get_value("redisspine/redis/calls") if spine else None,
         "leases_alongside": (stats.get_value("redisspine/scheduler/leases_alongside", 0)
                              if spine else None),
-        "redis_cpu_drain_s": redis_cpu if impl in ("scrapy-redis", "spine") else None,
+        "redis_cpu_drain_s": redis_cpu if impl in REDIS_IMPLS else None,
     }
 
 
@@ -254,7 +255,7 @@ def _result(
         "enqueue_s": enqueue_s,
         "drain_s": drain_s,
         "requests_per_s": n / (enqueue_s + drain_s),
-        "redis_bytes_per_request": memory / n if impl in ("scrapy-redis", "spine") else None,
+        "redis_bytes_per_request": memory / n if impl in REDIS_IMPLS else None,
     }
 
 
@@ -306,7 +307,7 @@ def run_child(impl: str, args: argparse.Namespace, rtt_ms: float) -> dict[str, A
             if proxy:
                 proxy.stop()
         result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
-        if args.commandstats and impl in ("scrapy-redis", "spine"):
+        if args.commandstats and impl in REDIS_IMPLS:
             client = server.client()
             result["commandstats"] = commandstats(client)
             client.close()
@@ -351,7 +352,7 @@ def main() -> int:
     impls = [impl for impl in args.impls.split(",") if impl]
     plan = [(impl, 0.0) for impl in impls]
     if args.rtt_ms:
-        plan += [(impl, args.rtt_ms) for impl in impls if impl in ("scrapy-redis", "spine")]
+        plan += [(impl, args.rtt_ms) for impl in impls if impl in REDIS_IMPLS]
     results: dict[str, list[dict[str, Any]]] = {}
     for run in range(args.runs):
         for impl, rtt in plan:

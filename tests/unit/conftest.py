@@ -24,6 +24,7 @@ from scrapy.utils.test import get_crawler
 from twisted.internet import task
 
 import scrapy_redisspine.worker
+from scrapy_redisspine._clock import Periodic
 from scrapy_redisspine.dupefilter import RedisDupeFilter
 from scrapy_redisspine.frontier import Frontier
 from scrapy_redisspine.keys import CrawlKeys
@@ -222,7 +223,7 @@ def _no_timer_left_on_the_reactor() -> Iterator[None]:
     from twisted.internet import reactor
 
     left = [call for call in reactor.getDelayedCalls()  # type: ignore[attr-defined]
-            if call.active() and type(getattr(call.func, "__self__", None)).__name__ == "Periodic"]
+            if call.active() and isinstance(getattr(call.func, "__self__", None), Periodic)]
     for call in left:
         call.func.__self__.stop()
     assert left == [], "a worker timer outlived its test on the real reactor"

@@ -9,6 +9,7 @@ import queue
 import signal
 import threading
 import time
+import types
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -334,8 +335,8 @@ def test_redis_is_near_while_calls_are_fast_and_none_is_overdue(
     NEAR_SECONDS, and no call on its way for OVERDUE_SECONDS or more."""
     from scrapy_redisspine import _redis_io
 
-    now = [100.0]
-    monkeypatch.setattr(_redis_io.time, "monotonic", lambda: now[0])
+    now = [100.0]  # the module's clock only, not every caller of time.monotonic
+    monkeypatch.setattr(_redis_io, "time", types.SimpleNamespace(monotonic=lambda: now[0]))
     times = _redis_io.CallTimes(MemoryStatsCollector(get_crawler()), slow_seconds=0.5)
     assert times.near, "no call yet"
     for _ in range(20):
