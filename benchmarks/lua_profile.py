@@ -36,27 +36,27 @@ from scrapy_redisspine.keys import CrawlKeys  # noqa: E402
 from scrapy_redisspine.testing.redis_server import RedisServer  # noqa: E402
 
 PRELUDE = """
-local __last, __prof, __order = nil, {}, {}
-local function __t(label)
+local __p = { prof = {}, order = {} } -- one local: the scripts' main chunks are near 200
+function __p.t(label)
     local t = redis.call("TIME")
     local now = t[1] * 1000000 + t[2]
-    if __last then
-        if not __prof[label] then
-            __order[#__order + 1] = label
-            __prof[label] = 0
+    if __p.last then
+        if not __p.prof[label] then
+            __p.order[#__p.order + 1] = label
+            __p.prof[label] = 0
         end
-        __prof[label] = __prof[label] + now - __last
+        __p.prof[label] = __p.prof[label] + now - __p.last
     end
-    __last = now
+    __p.last = now
 end
-local function __flush(name)
-    __t("tail")
-    for _, label in ipairs(__order) do
-        redis.call("HINCRBY", "prof:" .. name, label, __prof[label])
+function __p.flush(name)
+    __p.t("tail")
+    for _, label in ipairs(__p.order) do
+        redis.call("HINCRBY", "prof:" .. name, label, __p.prof[label])
     end
     redis.call("HINCRBY", "prof:" .. name, "#calls", 1)
 end
-__t("start")
+__p.t("start")
 """
 
 #: Per script: (a line of its text, the section that ends right before it). The
@@ -108,10 +108,10 @@ def instrument(name: str, text: str) -> str:
     for anchor, label in MARKS[name]:
         if text.count(anchor) != 1:
             raise SystemExit(f"{name}.lua: the mark {anchor!r} is not found once; update MARKS")
-        text = text.replace(anchor, f'__t("{label}")\n{anchor}')
+        text = text.replace(anchor, f'__p.t("{label}")\n{anchor}')
     if text.count(_FINAL[name]) != 1:
         raise SystemExit(f"{name}.lua: its final return is not found once; update _FINAL")
-    return text.replace(_FINAL[name], f'__flush("{name}")\n{_FINAL[name]}')
+    return text.replace(_FINAL[name], f'__p.flush("{name}")\n{_FINAL[name]}')
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:

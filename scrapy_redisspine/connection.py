@@ -232,8 +232,10 @@ def _ping(socket_path: Path) -> bool:
 
 
 #: Entries past which the frontier's HASHes and ZSETs should not stay packed: what the
-#: embedded server is started with, what Operations recommends, and what
-#: ``redisspine status`` holds a user's Redis to (status.py's hint).
+#: embedded server is started with, what Operations recommends, what the scripts
+#: convert the frontier's keys past on any server (``hashed_above`` in
+#: scripts/lib/hashed.lua, which a test holds equal), and what ``redisspine status``
+#: holds a user's Redis to (status.py's hint).
 PACKED_ENTRIES_MAX = 16
 #: The embedded server's compact encodings end at 16 entries (Redis's default: 128).
 #: The frontier's lane HASHes and ZSETs (``busy``, ``backlog``, ``hosts``, ...) hold a

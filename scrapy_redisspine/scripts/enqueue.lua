@@ -106,6 +106,7 @@ next copy is a duplicate). Bloom filters of RedisBloom are not checked.
 -- #include numbers
 -- #include keytypes
 -- #include throttle
+-- #include hashed
 local queue, seq, starts = KEYS[1], KEYS[2], KEYS[4]
 local inflight, leases, stats = KEYS[5], KEYS[6], KEYS[7]
 local owned, requeues = KEYS[10], KEYS[11]
@@ -389,6 +390,9 @@ if #to_add > 0 then
                                               member_order_key(first + j - 1, lifo), request[3])
         end
         call_in_chunks("ZADD", queue, pairs_)
+    end
+    if new_lists > 0 or #loose > 0 then
+        hashed_keep(queue, "zset")
     end
     local grown = {}
     for _, lane in ipairs(lanes) do

@@ -93,6 +93,7 @@ malformed member dead-lettered).
 -- #include keytypes
 -- #include pagelimit
 -- #include group
+-- #include hashed
 local queue, inflight, leases, stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local dead, seq, owned, requeues = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local hosts, busy, backlog, host_next, host_delay = KEYS[9], KEYS[10], KEYS[11], KEYS[12], KEYS[13]
@@ -398,6 +399,9 @@ local function lease_picked(picked)
     call_in_chunks("HSET", inflight, inflight_pairs)
     call_in_chunks("ZADD", leases, lease_pairs)
     call_in_chunks("ZADD", owned, owned_pairs)
+    hashed_keep(inflight, "hash")
+    hashed_keep(leases, "zset")
+    hashed_keep(owned, "zset")
     lanes_write(lanes, lanes_before, moved, took, nil, false)
     if lane_page_limit > 0 then
         page_limit_add(lane_pages, lanes, pages_of, moved)

@@ -3,7 +3,7 @@ lanes library: fleet-wide politeness bookkeeping, for any number of lanes in a f
 number of calls (three HMGETs, then at most one write per key and kind) however many
 lanes a lease, an ack batch or an enqueue batch touches; the single-lane helpers at
 the end use the same code.
-Includes batch, numbers, lists. Needs lanes_init called first (by the script).
+Includes batch, numbers, lists, hashed. Needs lanes_init called first (by the script).
 
 lanes_init(queue, hosts, busy, backlog, host_next, concurrency, now_ms, limits, group_busy)
   queue        ZSET  the crawl's queue (a lane's requests are one lex range of it)
@@ -61,6 +61,7 @@ absent (the lane is due).
 -- #include batch
 -- #include numbers
 -- #include lists
+-- #include hashed
 -- Kept in upvalues: read on every lane of every batch, cheaper than a table's fields.
 local lanes_queue, lanes_hosts, lanes_busy, lanes_backlog, lanes_next
 local lanes_concurrency, lanes_now, lanes_limits, lanes_group_busy
@@ -208,6 +209,16 @@ local function lanes_write(lanes, read, d_busy, d_backlog, rests, nx)
     call_in_chunks("HSET", lanes_next, next_set)
     call_in_chunks("ZREM", lanes_hosts, not_due)
     call_in_chunks("ZADD", lanes_hosts, due, nx and "NX" or nil)
+    -- Keys a write may have grown past a packed list's worth (lib/hashed.lua).
+    for _, written in ipairs({ { lanes_busy, busy_set }, { lanes_group_busy, group_set },
+                               { lanes_backlog, backlog_set }, { lanes_next, next_set } }) do
+        if #written[2] > 0 then
+            hashed_keep(written[1], "hash")
+        end
+    end
+    if #due > 0 then
+        hashed_keep(lanes_hosts, "zset")
+    end
 end
 
 local function lanes_update(lanes, d_busy, d_backlog, rests, nx)
