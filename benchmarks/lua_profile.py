@@ -118,7 +118,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     plain = scripts.source
 
     def instrumented(name: str) -> str:
-        return instrument(name, plain(name)) if name in MARKS else plain(name)
+        # the marks are found by lines of the text as written, comments included
+        return instrument(name, scripts.annotated(name)) if name in MARKS else plain(name)
 
     scripts.source = instrumented  # ScriptSet registers source(name)
     try:

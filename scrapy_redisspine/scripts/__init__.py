@@ -19,6 +19,12 @@ lives in ``lib/<name>.lua`` and is pasted in by a line ``-- #include <name>``:
 - An include cycle (named in the error: ``lib/a.lua -> lib/b.lua -> lib/a.lua``), an
   unknown library or a bad name fails when the script is loaded.
 
+Comments. The server gets each script without its comments (half of the text: the
+library headers repeat in every script that includes them), since Redis keeps every
+loaded script's text for as long as it runs; lines stay where they are, so the
+bytecode is the same, line numbers included, and a line number in a script's error
+is a line of :func:`annotated` (``_source.strip_comments``).
+
 KEYS. A script's header lists its keys, one line each, ``KEYS[i]  name  TYPE ...``,
 where ``name`` is a :class:`~scrapy_redisspine.keys.CrawlKeys` property; a last line
 ``KEYS[n ..]  ...`` means the caller adds keys of its own after the named ones (e.g.
@@ -40,6 +46,7 @@ from scrapy_redisspine.scripts._source import (
     ScriptSourceError,
     expand,
     read_package,
+    strip_comments,
 )
 
 if TYPE_CHECKING:
@@ -82,7 +89,7 @@ SCRIPT_NAMES = (
 )
 
 __all__ = [
-    "SCRIPT_NAMES", "ScriptSet", "ScriptSourceError", "bind_keys", "key_names",
+    "SCRIPT_NAMES", "ScriptSet", "ScriptSourceError", "annotated", "bind_keys", "key_names",
     "libraries", "script_error", "source", "takes_more_keys",
 ]
 
@@ -105,7 +112,15 @@ def script_error(exc: redis.exceptions.ResponseError) -> redis.exceptions.Respon
 
 
 def source(name: str) -> str:
-    """The text of ``scripts/<name>.lua`` as the server gets it, includes expanded."""
+    """The text of ``scripts/<name>.lua`` as the server gets it: includes expanded,
+    comments out (``_source.strip_comments``: they would sit in Redis's script cache),
+    every line where :func:`annotated` has it."""
+    return _stripped(name)
+
+
+def annotated(name: str) -> str:
+    """:func:`source` with its comments: where a line number in a script's error
+    from Redis points."""
     return _expansion(name).text
 
 
@@ -132,6 +147,11 @@ def bind_keys(name: str, keys: CrawlKeys) -> tuple[str, ...]:
 @cache
 def _expansion(name: str) -> Expansion:
     return expand(read_package(_file(name)), _file(name))
+
+
+@cache
+def _stripped(name: str) -> str:
+    return strip_comments(_expansion(name).text, _file(name))
 
 
 @cache

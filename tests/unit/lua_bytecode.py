@@ -17,13 +17,19 @@ _GETGLOBAL, _SETGLOBAL = 5, 7
 _HEADER = b"\x1bLuaQ\x00\x01\x04\x08\x04\x08\x00"  # little endian, 4-byte int, 8-byte size_t
 
 
-def global_names(source: str) -> tuple[set[str], set[str]]:
-    """(names read, names written) as globals anywhere in ``source``."""
+def bytecode(source: str) -> bytes:
+    """``source`` compiled by Lua 5.1 and dumped (``string.dump``): its code, constants
+    and line numbers."""
     runtime = lua51.LuaRuntime(encoding=None)
     dump = runtime.eval(
         "function(src) local fn = assert(loadstring(src, 'chunk')) return string.dump(fn) end"
     )
-    blob = bytes(dump(source.encode()))
+    return bytes(dump(source.encode()))
+
+
+def global_names(source: str) -> tuple[set[str], set[str]]:
+    """(names read, names written) as globals anywhere in ``source``."""
+    blob = bytecode(source)
     if not blob.startswith(_HEADER):
         raise ValueError(f"unexpected Lua bytecode header {blob[:12]!r}")
     reads: set[str] = set()

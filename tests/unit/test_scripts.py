@@ -10,8 +10,13 @@ from typing import TYPE_CHECKING
 import pytest
 
 from scrapy_redisspine import scripts
-from scrapy_redisspine.scripts._source import ScriptSourceError, expand, read_package
-from tests.unit.lua_bytecode import global_names
+from scrapy_redisspine.scripts._source import (
+    ScriptSourceError,
+    expand,
+    read_package,
+    strip_comments,
+)
+from tests.unit.lua_bytecode import bytecode, global_names
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -21,6 +26,8 @@ if TYPE_CHECKING:
 
 _FUNCTION = re.compile(r"^local function (\w+)", re.MULTILINE)
 _OWN_INCLUDE = re.compile(r"^-- #include (\w+)$", re.MULTILINE)
+#: What may hold "--" in code without being a comment: quoted strings (escapes honoured).
+_CODE_ONLY = re.compile(r'"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'')
 _COMMENT = re.compile(r"--\[\[.*?\]\]|--[^\n]*", re.DOTALL)
 #: What Redis gives every script; a library may use these and nothing else.
 _REDIS_GLOBALS = {
@@ -116,6 +123,35 @@ class TestEveryScript:
     def test_the_server_compiles_it(self, name: str, real_redis: redis.Redis) -> None:
         sha = real_redis.script_load(scripts.source(name))
         assert real_redis.script_exists(sha) == [True]
+
+    def test_without_its_comments_it_compiles_to_the_same_bytecode(self, name: str) -> None:
+        # code, constants and line numbers: an error's line is the annotated text's
+        sent, annotated = scripts.source(name), scripts.annotated(name)
+        assert "--" not in _CODE_ONLY.sub("", sent), "a comment was left"
+        assert len(sent) < len(annotated)
+        assert bytecode(sent) == bytecode(annotated)
+
+
+class TestStripComments:
+    def test_strings_and_long_strings_keep_what_looks_like_a_comment(self) -> None:
+        text = ('local a = "x -- y" -- gone\n'
+                "local b = 'it\\'s -- kept' --[[ gone\n also gone ]] .. \"\\\"--\"\n"
+                "local c = [==[ -- kept ]] still ]==] --[=[ gone ]] gone ]=]\n")
+        assert strip_comments(text) == ('local a = "x -- y"\n'
+                                        "local b = 'it\\'s -- kept'\n .. \"\\\"--\"\n"
+                                        "local c = [==[ -- kept ]] still ]==]\n")
+
+    def test_every_line_stays_where_it_was(self) -> None:
+        text = "--[[\nheader\n]]\nlocal x = 1 -- one\n\n-- why\nreturn x\n"
+        stripped = strip_comments(text)
+        assert stripped == "\n\n\nlocal x = 1\n\n\nreturn x\n"
+        assert bytecode(stripped) == bytecode(text)
+
+    @pytest.mark.parametrize("text", ['local s = "open\n"', "local s = 'open",
+                                      "local s = [[ open", "--[==[ open ]]"])
+    def test_an_unfinished_string_or_comment_names_its_line(self, text: str) -> None:
+        with pytest.raises(ScriptSourceError, match=r"^lease\.lua:1: unfinished"):
+            strip_comments(text, "lease.lua")
 
 
 def _file(name: str) -> str:
