@@ -248,13 +248,13 @@ def _packed_keys(client: redis.Redis, keys: CrawlKeys) -> list[dict[str, Any]] |
     they hold more than ``PACKED_ENTRIES_MAX`` (connection.py) entries: every lease and ack scans
     them entry by entry, which Redis's default thresholds (128, 512) allow and which costs
     Redis 19-41 % more work per request (benchmarks/RESULTS.md, session 17). The
-    scripts convert such a key when they write it (scripts/lib/hashed.lua), so one is
-    seen here after a restart (an RDB or AOF load packs small keys again) until its
-    next write, or for good where the worker's Redis user may not run ``OBJECT``.
-    Redis says nothing of it, so ``status`` does. ``OBJECT ENCODING`` and
-    ``HLEN``/``ZCARD`` are O(1). None when the server refuses ``OBJECT`` to this
-    client (an ACL, a managed Redis that renames it, fakeredis): not known, nothing
-    shown."""
+    scripts convert such a key when they set an entry in it (scripts/lib/hashed.lua),
+    so one is seen here after a restart (an RDB or AOF load packs small keys again)
+    until a script next sets an entry in it, or for good where the worker's Redis
+    user may not run ``OBJECT``. Redis says nothing of it, so ``status`` does.
+    ``OBJECT ENCODING`` and ``HLEN``/``ZCARD`` are O(1). None when the server
+    refuses ``OBJECT`` to this client (an ACL, a managed Redis that renames it,
+    fakeredis): not known, nothing shown."""
     pipe = client.pipeline(transaction=False)
     checked = []
     for view in _views(keys):

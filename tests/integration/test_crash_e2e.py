@@ -178,6 +178,36 @@ def test_redis_restart_with_aof_mid_crawl(fleet: Fleet, site_factory: SiteFactor
     assert_all_fetched(site)
 
 
+def test_many_hosts_lose_nothing_through_a_redis_restart_and_a_killed_worker(
+    fleet: Fleet, site_factory: SiteFactory
+) -> None:
+    # 24 hosts: past a packed list's 16 entries, so the scripts keep the lane keys and
+    # the in-flight indexes in Redis's hashed encodings (scripts/lib/hashed.lua). A
+    # rewritten AOF (an RDB preamble) brings them back packed after the restart, and
+    # the next writes convert them again; then a worker dies holding leases, which
+    # come back through those keys. Nothing may be lost on the way.
+    site = site_factory(hosts=24, pages_per_host=15, latency=0.2)
+    with RedisServer(appendonly=True) as server:
+        client = server.client()
+        backlog = fleet.keys.backlog
+        settings = _settings(fleet, site, REDISSPINE_REDIS_URL=server.url, CONCURRENT_REQUESTS=8)
+        victim, survivor = fleet.start(2, settings)
+        wait_for(lambda: len(site.requests()) >= 40, 30, "the crawl to get going")
+        wait_for(lambda: client.object("encoding", backlog) == b"hashtable", 10,
+                 "the backlog of 24 lanes hashed")
+        client.bgrewriteaof()
+        wait_for(lambda: not int(client.info("persistence")["aof_rewrite_in_progress"]), 10,
+                 "the AOF rewritten")
+        server.restart()
+        restarted_at = len(site.requests())
+        wait_for(lambda: len(site.requests()) >= restarted_at + 40, 30, "the crawl going on")
+        victim.kill()
+        victim.process.wait()
+        results = wait_workers([survivor], timeout=120)
+    assert_finished(results)
+    assert_all_fetched(site)
+
+
 def test_small_maxmemory_is_watched_not_hit(fleet: Fleet, site_factory: SiteFactory) -> None:
     site = site_factory(hosts=3, pages_per_host=150, fanout=8, latency=0.01)
     with RedisServer() as server:

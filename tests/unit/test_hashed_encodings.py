@@ -7,7 +7,7 @@ defaults keep one packed up to 128 (ZSET) or 512 (HASH) entries: a crawl of 20 t
 and 20). These run on a real redis-server with its default thresholds (fakeredis has
 no encodings and no OBJECT command); what they hold: the keys are converted, their
 contents are exactly what they were (no trace of the converting entry), a small
-crawl keeps the compact form, a restart's re-packing is undone by the next write,
+crawl keeps the compact form, a restart's re-packing is undone by the next entry set,
 and neither a full Redis nor a server that refuses OBJECT to scripts breaks a call.
 """
 

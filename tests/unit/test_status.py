@@ -208,9 +208,9 @@ def test_frontier_keys_kept_packed_past_16_entries_get_a_hint_with_the_setting(
 ) -> None:
     # Redis's defaults keep a HASH or ZSET of up to 128 entries packed. The scripts
     # convert the frontier's keys past 16 (lib/hashed.lua), but a restart packs them
-    # again until their next write (here: what an RDB load does, DUMP and RESTORE):
-    # 20 lanes queued leave `backlog` and `hosts` as packed lists of 20, which every
-    # lease and ack would scan (benchmarks/RESULTS.md, session 17)
+    # again until a script next sets an entry in them (here: what an RDB load does,
+    # DUMP and RESTORE): 20 lanes queued leave `backlog` and `hosts` as packed lists
+    # of 20, which every lease and ack would scan (benchmarks/RESULTS.md, session 17)
     _queue_lanes(real_redis, crawl_keys, 20)
     _as_after_a_restart(real_redis, [crawl_keys.backlog, crawl_keys.hosts])
     status = read_status(real_redis, crawl_keys)

@@ -18,12 +18,13 @@ field longer than any *-max-listpack-value), which makes Redis convert it, and t
 entry is taken out again in the same call: no other client, script or replica ever
 sees it (both writes replicate inside the script's transaction). Redis never packs
 a key again as it shrinks; a restart (RDB or AOF load) may, and the key is converted
-again the next time a script writes to it. The entry goes in with NX: were it
-somehow a real entry already, it is left alone (it forced the conversion itself).
+again the next time a script sets an entry in it (a key that only shrinks stays
+packed: it is scanned less and less). The entry goes in with NX: were it somehow a
+real entry already, it is left alone (it forced the conversion itself).
 
-Called only after the script wrote to the key: a write has already passed Redis's
-memory check, so on a full Redis (maxmemory, noeviction) these writes are never the
-call's first, the one Redis refuses.
+Called only after the script set entries in the key (HSET, ZADD): a write has already
+passed Redis's memory check, so on a full Redis (maxmemory, noeviction) these writes
+are never the call's first, the one Redis refuses.
 Includes nothing. Needs nothing: the keys are arguments.
 
 hashed_keep(key, kind) -- kind "hash" or "zset": convert key if it is packed and holds
