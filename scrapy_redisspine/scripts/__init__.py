@@ -151,7 +151,13 @@ def _expansion(name: str) -> Expansion:
 
 @cache
 def _stripped(name: str) -> str:
-    return strip_comments(_expansion(name).text, _file(name))
+    return expand(_stripped_file(_file(name)), _file(name), _stripped_file).text
+
+
+@cache
+def _stripped_file(relative: str) -> str:
+    """A file of the package without its comments (its includes kept)."""
+    return strip_comments(read_package(relative), relative)
 
 
 @cache

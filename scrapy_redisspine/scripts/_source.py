@@ -104,7 +104,19 @@ def _library(name: str, chain: tuple[str, ...], read: Reader, emitted: list[str]
     return expanded
 
 
-_LONG_BRACKET = re.compile(r"\[(=*)\[")
+#: Lua 5.1's tokens that may hold "--" or be a comment, in the order they are tried at
+#: each place: a quoted string (backslash escapes), a long comment, a long comment
+#: never closed, a line comment, a long string, and a quote or long bracket that opens
+#: something never closed.
+_LUA_TOKENS = re.compile(
+    r"""(?P<string>"(?:\\.|[^"\\\n])*"|'(?:\\.|[^'\\\n])*')
+    | (?P<comment>--\[(?P<c>=*)\[.*?\](?P=c)\])
+    | (?P<open_comment>--\[=*\[)
+    | (?P<line_comment>--[^\n]*)
+    | (?P<long_string>\[(?P<s>=*)\[.*?\](?P=s)\])
+    | (?P<unfinished>["']|\[=*\[)""",
+    re.DOTALL | re.VERBOSE,
+)
 
 
 def strip_comments(text: str, origin: str = "script") -> str:
@@ -118,56 +130,25 @@ def strip_comments(text: str, origin: str = "script") -> str:
     to the same bytecode, line numbers included: a line number in an error from
     Redis (``user_script:123``) is the line of :func:`~scrapy_redisspine.scripts.annotated`.
 
+    An include line (``-- #include NAME``) stays, for :func:`expand`: each file is
+    stripped once, then the scripts are put together from the stripped files (the
+    libraries come into many scripts).
+
     Lua 5.1's lexical rules: a comment starts at ``--`` outside a string, and runs to
     the end of the line, or to the matching ``]=*]`` when ``--`` is followed by a long
     bracket ``[=*[``; quoted strings honour backslash escapes, long strings
     (``[=*[ ... ]=*]``) hold anything, ``--`` included.
     """
-    out: list[str] = []
-    at, end = 0, len(text)
-    while at < end:
-        char = text[at]
-        if char in "\"'":
-            close = _string_end(text, at, origin)
-            out.append(text[at:close])
-            at = close
-        elif char == "[" and (bracket := _LONG_BRACKET.match(text, at)):
-            close = _long_end(text, bracket, origin)
-            out.append(text[at:close])
-            at = close
-        elif text.startswith("--", at):
-            bracket = _LONG_BRACKET.match(text, at + 2)
-            if bracket:
-                close = _long_end(text, bracket, origin)
-            else:
-                newline = text.find("\n", at)
-                close = end if newline < 0 else newline
-            out.append("\n" * text.count("\n", at, close))
-            at = close
-        else:
-            out.append(char)
-            at += 1
-    return "\n".join(line.rstrip() for line in "".join(out).split("\n"))
+    def replace(token: re.Match[str]) -> str:
+        kind = token.lastgroup
+        if kind == "line_comment" and _INCLUDE.fullmatch(token.group()):
+            return token.group()  # for expand(): a file is stripped before it
+        if kind in ("comment", "line_comment"):
+            return "\n" * token.group().count("\n")
+        if kind in ("open_comment", "unfinished"):
+            line = text.count("\n", 0, token.start()) + 1
+            raise ScriptSourceError(f"{origin}:{line}: unfinished string or comment")
+        return token.group()
 
-
-def _string_end(text: str, start: int, origin: str) -> int:
-    """Just past the quoted string that opens at ``start``."""
-    quote, at = text[start], start + 1
-    while at < len(text) and text[at] != quote:
-        if text[at] == "\n":
-            break
-        at += 2 if text[at] == "\\" else 1
-    if at >= len(text) or text[at] != quote:
-        line = text.count("\n", 0, start) + 1
-        raise ScriptSourceError(f"{origin}:{line}: unfinished string")
-    return at + 1
-
-
-def _long_end(text: str, bracket: re.Match[str], origin: str) -> int:
-    """Just past the long string or comment whose opening bracket is ``bracket``."""
-    close = "]" + bracket.group(1) + "]"
-    found = text.find(close, bracket.end())
-    if found < 0:
-        line = text.count("\n", 0, bracket.start()) + 1
-        raise ScriptSourceError(f"{origin}:{line}: unfinished long string or comment")
-    return found + len(close)
+    stripped = _LUA_TOKENS.sub(replace, text)
+    return "\n".join(line.rstrip() for line in stripped.split("\n"))
