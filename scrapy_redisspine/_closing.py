@@ -48,11 +48,17 @@ class HandBack:
         self._stats = stats
         self._config = config
 
-    def hand_back(self, reason: str) -> None:
+    def hand_back(self, reason: str, *, start_done: bool = False) -> None:
         """Send what is buffered, return unstarted leases, leave; retry a short outage.
         A full Redis is not a down one: new discoveries are shed (counted, logged) and
         the rest goes at once, since what is left needs no room (the scripts write a
-        non-"denyoom" command first)."""
+        non-"denyoom" command first).
+
+        ``start_done``: the spider's start requests were all produced. The worker then
+        stops holding the fleet open as "starting" (it may close before its first
+        heartbeat noted it, e.g. at a page budget): else the next workers of the crawl
+        would wait for its entry to age past the worker timeout before they finish. A
+        worker whose start was cut short keeps its entry until then, as before."""
         cause = "unreachable"
         for attempt in range(_CLOSE_ATTEMPTS):
             try:
@@ -60,6 +66,8 @@ class HandBack:
                 self._release_unstarted()
                 if reason == "finished":
                     self._note_finished()
+                if start_done:
+                    self._frontier.done_starting()
                 self._frontier.leave()
                 return
             except redis.exceptions.OutOfMemoryError as exc:

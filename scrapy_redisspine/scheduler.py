@@ -307,13 +307,14 @@ class Scheduler(BaseScheduler):
         self.upkeep_io.close()
         self.outbox.close()
         self.leaser.close()
+        start_done = self.engine is not None and not self.engine.starting()
         if self.engine is not None:
             self.engine.detach()
         if self.items is not None and (dropped := self.items.clear()):
             # their leases go back: whoever fetches them again produces them again
             self.stats.inc_value("redisspine/items/unacked_dropped", dropped)
         if self.refusal.reason in (None, REASON_MEMORY):  # the crawl is in Redis
-            self.hand_back.hand_back(reason)
+            self.hand_back.hand_back(reason, start_done=start_done)
         else:  # the crawl is gone: any write would start an empty one
             logger.info("redisspine: nothing handed back: the crawl is not in Redis")
         self.df.close(reason)

@@ -13,13 +13,15 @@ from typing import TYPE_CHECKING
 from scrapy import Request
 
 from scrapy_redisspine.startmw import StartRequests
-from tests.unit.conftest import drain
+from tests.unit.conftest import drain, engine_of
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
     import pytest
+    import redis
 
+    from scrapy_redisspine.keys import CrawlKeys
     from scrapy_redisspine.scheduler import Scheduler
     from tests.unit.conftest import MakeScheduler
 
@@ -115,3 +117,25 @@ def test_a_start_request_the_crawl_already_has_is_reported_dropped(
         "injected by w1; a duplicate of its own"
     )
     assert len(drain(first)) + len(drain(second)) == 2
+
+
+def test_a_worker_closing_with_its_start_done_holds_the_fleet_open_no_longer(
+    make_scheduler: MakeScheduler, client: redis.Redis, crawl_keys: CrawlKeys
+) -> None:
+    # It closes (a page budget, say) before a heartbeat noted that its start was
+    # done: its "starting" entry must go with it, or the crawl's next workers would
+    # wait for the entry to age past the worker timeout before they finish
+    scheduler = make_scheduler("w1")
+    assert client.zcard(crawl_keys.starting) == 1, "a worker joins as starting"
+    engine_of(scheduler).start_pending = False
+    scheduler.close("closespider_pagecount")
+    assert client.zcard(crawl_keys.starting) == 0
+
+
+def test_a_worker_closing_mid_start_keeps_its_entry_until_it_ages_out(
+    make_scheduler: MakeScheduler, client: redis.Redis, crawl_keys: CrawlKeys
+) -> None:
+    scheduler = make_scheduler("w1")
+    engine_of(scheduler).start_pending = True
+    scheduler.close("shutdown")
+    assert client.zcard(crawl_keys.starting) == 1
