@@ -20,15 +20,26 @@ layers live in ONE Redis string, one after the other; a new layer is allocated w
 the previous one reaches its capacity.
 
 **Positions.** A fingerprint is already uniformly random (Scrapy's is a SHA1 digest):
-its first 12 bytes give two 48-bit numbers. ``h1`` picks the block; ``h2`` gives
-``a = h2 mod B`` and ``b = (h2 div B) mod B`` (``B`` = bits per block) and bit ``j``
-of the block is ``(a + j*b + (j**3 - j)/6) mod B`` (enhanced double hashing). Every
-intermediate value stays under 2**53, so Lua's doubles compute it exactly; bits are
-numbered as Redis numbers them (bit 0 is the high bit of byte 0).
-:func:`bit_positions` is the reference the Lua code is tested against.
+its first 12 bytes give two 48-bit numbers. ``h1`` picks the block; ``h2`` gives four
+coefficients, ``a``, ``b``, ``c``, ``d``: its 9-bit digits from the lowest (``B`` = 512
+bits per block). Bit ``j`` of the block is ``(a + j*b + (j**3 - j)/6) mod B`` for the
+first half of the ``k`` bits and ``(c + j*d + (j**3 - j)/6) mod B`` for the rest
+(enhanced double hashing, twice). Every intermediate value stays under 2**53, so Lua's
+doubles compute it exactly; bits are numbered as Redis numbers them (bit 0 is the high
+bit of byte 0). :func:`bit_positions` is the reference the Lua code is tested against.
+
+Why four coefficients: a block holds ~512 / bits-per-fingerprint fingerprints (5 to 50),
+and a new fingerprint whose whole pattern equals one of theirs is a false positive
+whatever the bits. With ``a`` and ``b`` alone (``PLACEMENT_PAIR``, the layout filters
+had before) a block has 2**18 patterns, which puts a floor of ~4e-5 under the error
+rate: a filter asked for 1e-6 dropped 40 times the URLs it promised, e.g. a test
+crawl's page about one run in 300. Four give 2**36 patterns, a floor near 1e-10.
+A layer's spec says its placement: filters created before keep theirs, and a worker
+that does not know a placement refuses the spec instead of looking at other bits.
 
 **Counting.** Each layer's fill is counted in the HASH, but to keep the hot path at
-two Redis calls, only fingerprints whose ``h2 div B**2`` is 0 modulo the
+two Redis calls, only fingerprints whose ``h2 div B**4`` (``B**2`` in a
+``PLACEMENT_PAIR`` layer: the digits above those that place bits) is 0 modulo the
 layer's ``step`` count, each for ``step``: an unbiased count whose relative error at
 a layer's capacity stays near 0.2 % (``step`` is 1 for small layers: exact).
 """
@@ -60,7 +71,9 @@ MAX_HASHES = 32
 _EXACT_COUNT_CAPACITY = 100_000
 _MAX_COUNT_STEP = 64
 _SHORT_MOD = 2**32
-_COUNT_SHIFT = BLOCK_BITS**2  # h2's bits under it place the bits; those above sample counts
+#: How a layer places a fingerprint's bits in its block (see "Positions" above).
+PLACEMENT_PAIR = 1  # a, b: layers of filters created before placement 2 (5-field specs)
+PLACEMENT_QUAD = 2  # a, b, c, d: every layer planned now
 
 
 @dataclass(frozen=True)
@@ -69,7 +82,8 @@ class BloomLayer:
 
     ``offset``: its first byte in the bitmap; ``blocks``: its size in blocks;
     ``hashes``: bits per fingerprint (k); ``capacity``: fingerprints it is sized for;
-    ``step``: its counter's sampling step (see the module docstring).
+    ``step``: its counter's sampling step; ``placement``: how its bits are placed
+    (see the module docstring).
     """
 
     offset: int
@@ -77,20 +91,35 @@ class BloomLayer:
     hashes: int
     capacity: int
     step: int = 1
+    placement: int = PLACEMENT_QUAD
 
     def encode(self) -> str:
-        """The form stored in the ``dedup`` HASH and parsed by ``lib/dedup.lua``."""
-        return f"{self.offset} {self.blocks} {self.hashes} {self.capacity} {self.step}"
+        """The form stored in the ``dedup`` HASH and parsed by ``lib/dedup.lua``: a
+        ``PLACEMENT_PAIR`` layer has the five fields it always had, a later one a sixth
+        (which a worker that does not know it refuses)."""
+        spec = f"{self.offset} {self.blocks} {self.hashes} {self.capacity} {self.step}"
+        return spec if self.placement == PLACEMENT_PAIR else f"{spec} {self.placement}"
 
     @classmethod
     def decode(cls, text: str) -> BloomLayer:
         parts = text.split(" ")
-        if len(parts) != 5 or not all(part.isdigit() for part in parts):
+        if len(parts) not in (5, 6) or not all(part.isdigit() for part in parts):
             raise ValueError(f"not a Bloom layer spec: {text!r}")
-        offset, blocks, hashes, capacity, step = (int(part) for part in parts)
-        if min(blocks, hashes, capacity, step) < 1:
+        offset, blocks, hashes, capacity, step, *rest = (int(part) for part in parts)
+        placement = rest[0] if rest else PLACEMENT_PAIR
+        if min(blocks, hashes, capacity, step) < 1 or (rest and placement != PLACEMENT_QUAD):
             raise ValueError(f"not a Bloom layer spec: {text!r}")
-        return cls(offset, blocks, hashes, capacity, step)
+        return cls(offset, blocks, hashes, capacity, step, placement)
+
+    @property
+    def split(self) -> int:
+        """The bits placed by ``a`` and ``b``; ``c`` and ``d`` place the rest."""
+        return self.hashes if self.placement == PLACEMENT_PAIR else (self.hashes + 1) // 2
+
+    @property
+    def count_shift(self) -> int:
+        """``h2``'s digits under it place the bits; those above sample counts."""
+        return BLOCK_BITS**2 if self.placement == PLACEMENT_PAIR else BLOCK_BITS**4
 
     @property
     def end(self) -> int:
@@ -194,13 +223,15 @@ def bit_positions(fingerprint: bytes, layer: BloomLayer) -> list[int]:
     """Absolute bit offsets of ``fingerprint`` in ``layer`` (reference for the Lua)."""
     first, second = fingerprint_hashes(fingerprint)
     start = (layer.offset + (first % layer.blocks) * BLOCK_BYTES) * 8
-    a, b = second % BLOCK_BITS, (second // BLOCK_BITS) % BLOCK_BITS
-    return [start + (a + j * b + (j * j * j - j) // 6) % BLOCK_BITS for j in range(layer.hashes)]
+    a, b, c, d = ((second // BLOCK_BITS**i) % BLOCK_BITS for i in range(4))
+    return [start + (x + j * y + (j * j * j - j) // 6) % BLOCK_BITS
+            for j in range(layer.hashes)
+            for x, y in [(a, b) if j < layer.split else (c, d)]]
 
 
 def counts_for(fingerprint: bytes, layer: BloomLayer) -> bool:
     """Whether adding ``fingerprint`` to ``layer`` bumps its sampled counter."""
-    return (fingerprint_hashes(fingerprint)[1] // _COUNT_SHIFT) % layer.step == 0
+    return (fingerprint_hashes(fingerprint)[1] // layer.count_shift) % layer.step == 0
 
 
 def has_redisbloom(client: redis.Redis, probe_key: str) -> bool:

@@ -18,7 +18,8 @@ ARGV[2]  impl        "bitmap" or "redisbloom"
 ARGV[3]  error_rate  target false-positive rate of the whole filter
 ARGV[4]  capacity    fingerprints the filter holds before it first grows
 ARGV[5 ..]  bitmap:     ARGV[5] bytes per block, ARGV[6 ..] layer specs
-                        "offset blocks hashes capacity step" (bloom.py's plan_layers)
+                        "offset blocks hashes capacity step 2" (bloom.py's plan_layers:
+                        placement 2, the only one a new filter gets)
             redisbloom: ARGV[5] error rate of the first sub-filter, ARGV[6] expansion
 
 Returns { mode, switched }: the mode after the call, and 1 if this call switched.
@@ -45,7 +46,7 @@ if impl == "redisbloom" then
     redis.call("BF.RESERVE", bloom, ARGV[5], capacity, "EXPANSION", ARGV[6])
 elseif impl == "bitmap" then
     local block_bytes, planned = tonumber(ARGV[5]), #ARGV - 5
-    local offset, blocks = string.match(ARGV[6] or "", "^(%d+) (%d+) %d+ %d+ %d+$")
+    local offset, blocks = string.match(ARGV[6] or "", "^(%d+) (%d+) %d+ %d+ %d+ 2$")
     if not block_bytes or planned < 1 or not blocks then
         return redis.error_reply("dedup_switch: bad layer spec " .. tostring(ARGV[6]))
     end

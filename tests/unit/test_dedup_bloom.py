@@ -62,11 +62,18 @@ class TestPlan:
         with pytest.raises(ValueError, match="does not fit"):
             plan_layers(10**10, 0.01)
 
-    def test_layer_spec_round_trips(self) -> None:
-        layer = BloomLayer(128, 7, 7, 300, 1)
+    @pytest.mark.parametrize("placement", [bloom.PLACEMENT_PAIR, bloom.PLACEMENT_QUAD])
+    def test_layer_spec_round_trips(self, placement: int) -> None:
+        layer = BloomLayer(128, 7, 7, 300, 1, placement)
         assert BloomLayer.decode(layer.encode()) == layer
 
-    @pytest.mark.parametrize("text", ["", "1 2 3 4", "1 2 3 4 x", "0 0 7 300 1", "-1 2 3 4 5"])
+    def test_a_spec_of_five_fields_is_a_filter_created_before_placement_2(self) -> None:
+        assert BloomLayer.decode("128 7 7 300 1").placement == bloom.PLACEMENT_PAIR
+        assert BloomLayer(128, 7, 7, 300, 1).encode() == "128 7 7 300 1 2"
+        assert plan_layers(1000, 0.01)[0].placement == bloom.PLACEMENT_QUAD
+
+    @pytest.mark.parametrize("text", ["", "1 2 3 4", "1 2 3 4 x", "0 0 7 300 1", "-1 2 3 4 5",
+                                      "1 2 3 4 5 1", "1 2 3 4 5 3", "1 2 3 4 5 2 2"])
     def test_bad_layer_spec_is_refused(self, text: str) -> None:
         with pytest.raises(ValueError, match="not a Bloom layer spec"):
             BloomLayer.decode(text)
@@ -82,6 +89,28 @@ class TestPositions:
             assert layer.offset * 8 <= min(positions)
             assert max(positions) < layer.end * 8
             assert len(positions) == layer.hashes
+
+    def test_a_block_has_two_to_the_36_patterns(self) -> None:
+        # A new fingerprint whose whole pattern is that of one already in its block is
+        # a false positive whatever the bits: the patterns must far outnumber a
+        # block's fingerprints times 1 / the rate asked. Of 50,000 in one block, none
+        # share one among 2^36; among 2^18 (a and b alone), ~4,700 do.
+        def patterns(placement: int) -> int:
+            layer = BloomLayer(0, 1, 30, 10, 1, placement)
+            return len({frozenset(bloom.bit_positions(_fingerprint(i), layer))
+                        for i in range(50_000)})
+
+        assert patterns(bloom.PLACEMENT_QUAD) == 50_000
+        assert patterns(bloom.PLACEMENT_PAIR) < 46_000
+
+    def test_c_and_d_place_the_second_half(self) -> None:
+        layer = BloomLayer(0, 1, 7, 10, 1)
+        assert layer.split == 4
+        digest = bytes(6) + (3 * 512**3 + 2 * 512**2 + 5 * 512 + 1).to_bytes(6, "big") + bytes(8)
+        a, b, c, d = 1, 5, 2, 3
+        assert bloom.bit_positions(digest, layer) == [
+            (x + j * y + (j**3 - j) // 6) % 512
+            for j, (x, y) in enumerate([(a, b)] * 4 + [(c, d)] * 3)]
 
     def test_blocks_are_used_evenly(self) -> None:
         layer = BloomLayer(0, 16, 7, 100, 1)

@@ -29,7 +29,9 @@ empty (an overfull layer would take new fingerprints for seen ones). Fields:
   block_bytes bitmap: bytes per block (all of a fingerprint's bits are in one)
   layers      bitmap: layers in use (the last one takes new fingerprints)
   max_layers  bitmap: layers planned (bloom.py's plan_layers)
-  layer:<i>   bitmap: "offset blocks hashes capacity step" of layer i (offset in bytes)
+  layer:<i>   bitmap: "offset blocks hashes capacity step placement" of layer i
+              (offset in bytes; placement 2; a layer of a filter created before
+              placement 2 has the first five fields: placement 1, see below)
   count:<i>   bitmap: fingerprints added to layer i (sampled: see bloom.py)
 
 The SET holds a 20-byte fingerprint (a SHA1 digest: Scrapy's, or what the
@@ -49,7 +51,10 @@ Modes:
   bloom      the filter alone.
 
 Bitmap filter (blocked, scalable; the arithmetic is bloom.py's, see its docstring):
-a fingerprint's bits in a layer all lie in one block, read with one GETRANGE. It is
+a fingerprint's bits in a layer all lie in one block, read with one GETRANGE. Four
+9-bit coefficients a, b, c, d from h2 place them (placement 2: 2^36 patterns in a
+block); placement 1 has a and b only (2^18 patterns, which floors the error rate at
+~4e-5 whatever was asked: bloom.py). It is
 seen if all its bits are set in the block of any layer; a new one is written to the
 last layer with one SETRANGE of the bytes that change. When that layer reaches its
 capacity the next planned layer (allocated here, zeroed) takes over.
@@ -73,14 +78,22 @@ local dedup_block_bytes, dedup_block_bits, dedup_active, dedup_planned = 0, 0, 0
 local dedup_layers = {}
 
 local function dedup_load_layer(i)
-    local offset, blocks, hashes, capacity, step = string.match(
-        redis.call("HGET", dedup_meta, "layer:" .. i) or "", "^(%d+) (%d+) (%d+) (%d+) (%d+)$")
+    local spec = redis.call("HGET", dedup_meta, "layer:" .. i) or ""
+    local offset, blocks, hashes, capacity, step = string.match(spec, "^(%d+) (%d+) (%d+) (%d+) (%d+)$")
+    local split, shift -- bits placed by a and b (c and d place the rest); h2's count digits
+    if step then -- placement 1
+        split, shift = tonumber(hashes), dedup_block_bits ^ 2
+    else
+        offset, blocks, hashes, capacity, step = string.match(spec, "^(%d+) (%d+) (%d+) (%d+) (%d+) 2$")
+        split, shift = math.floor((tonumber(hashes or 0) + 1) / 2), dedup_block_bits ^ 4
+    end
     if not step or tonumber(blocks) < 1 or tonumber(hashes) < 1 or tonumber(step) < 1 then
         dedup_fail("bad spec of layer " .. i)
     end
     dedup_layers[i] = {
         offset = tonumber(offset), blocks = tonumber(blocks), hashes = tonumber(hashes),
         capacity = tonumber(capacity), step = tonumber(step), count_field = "count:" .. i,
+        split = split, count_shift = shift,
     }
 end
 
@@ -157,11 +170,16 @@ local function dedup_block(layer, first)
     return start, block
 end
 
--- Whether all `hashes` bits (a + j*b + (j^3 - j)/6) mod block_bits are set in block.
-local function dedup_block_has(block, hashes, a, b)
-    local bits, masks = dedup_block_bits, dedup_masks
-    for j = 0, hashes - 1 do
-        local position = (a + j * b + (j * j * j - j) / 6) % bits
+-- Whether all of the layer's bits (x + j*y + (j^3 - j)/6) mod block_bits are set in
+-- block, (x, y) = (a, b) for j below its split, (c, d) from there.
+local function dedup_block_has(block, layer, a, b, c, d)
+    local bits, masks, split = dedup_block_bits, dedup_masks, layer.split
+    local x, y = a, b
+    for j = 0, layer.hashes - 1 do
+        if j == split then
+            x, y = c, d
+        end
+        local position = (x + j * y + (j * j * j - j) / 6) % bits
         local bit = position % 8
         local mask = masks[bit + 1]
         if dedup_byte(block, (position - bit) / 8 + 1) % (mask + mask) < mask then
@@ -176,12 +194,16 @@ local dedup_changed, dedup_touched = {}, {}
 
 -- Set the bits in the block with one SETRANGE of the span of bytes that change;
 -- false if they all were set already.
-local function dedup_block_set(start, block, hashes, a, b)
-    local bits, masks = dedup_block_bits, dedup_masks
+local function dedup_block_set(start, block, layer, a, b, c, d)
+    local bits, masks, split = dedup_block_bits, dedup_masks, layer.split
     local changed, touched = dedup_changed, dedup_touched
     local n, low, high = 0, 65536, 0
-    for j = 0, hashes - 1 do
-        local position = (a + j * b + (j * j * j - j) / 6) % bits
+    local x, y = a, b
+    for j = 0, layer.hashes - 1 do
+        if j == split then
+            x, y = c, d
+        end
+        local position = (x + j * y + (j * j * j - j) / 6) % bits
         local bit = position % 8
         local mask = masks[bit + 1]
         local index = (position - bit) / 8 + 1
@@ -222,22 +244,27 @@ end
 local function dedup_bitmap_add(fingerprint)
     local first, second = dedup_hashes(fingerprint)
     local bits = dedup_block_bits
+    -- h2's 9-bit digits from the lowest
     local a = second % bits
-    local b = ((second - a) / bits) % bits
+    local rest = (second - a) / bits
+    local b = rest % bits
+    rest = (rest - b) / bits
+    local c = rest % bits
+    local d = ((rest - c) / bits) % bits
     for l = 1, dedup_active - 1 do
         local layer = dedup_layers[l]
         local _, block = dedup_block(layer, first)
-        if dedup_block_has(block, layer.hashes, a, b) then
+        if dedup_block_has(block, layer, a, b, c, d) then
             return 0
         end
     end
     local layer = dedup_layers[dedup_active]
     local start, block = dedup_block(layer, first)
-    if not dedup_block_set(start, block, layer.hashes, a, b) then
+    if not dedup_block_set(start, block, layer, a, b, c, d) then
         return 0
     end
-    -- Sampled count: the bits of h2 above those that placed the bits (bloom.py).
-    local step, above = layer.step, bits * bits
+    -- Sampled count: the digits of h2 above those that placed the bits (bloom.py).
+    local step, above = layer.step, layer.count_shift
     if step == 1 or ((second - second % above) / above) % step == 0 then
         local count = hincrby_checked(dedup_meta, layer.count_field, step)
         if not count then -- no number (see above): taken as full
