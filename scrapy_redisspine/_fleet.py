@@ -177,6 +177,12 @@ class FleetMember:
                 self._frontier.keys.crawl_id,
             )
 
+    @property
+    def start_noted(self) -> bool:
+        """Redis knows this worker's start requests are all in (its "starting" entry
+        is gone): closing need not say it again."""
+        return self._start_noted
+
     def _starting(self) -> bool:
         return self._engine is not None and self._engine.starting()
 

@@ -307,7 +307,8 @@ class Scheduler(BaseScheduler):
         self.upkeep_io.close()
         self.outbox.close()
         self.leaser.close()
-        start_done = self.engine is not None and not self.engine.starting()
+        start_done = (self.engine is not None and not self.engine.starting()
+                      and not self.fleet.start_noted)
         if self.engine is not None:
             self.engine.detach()
         if self.items is not None and (dropped := self.items.clear()):

@@ -132,6 +132,20 @@ def test_a_worker_closing_with_its_start_done_holds_the_fleet_open_no_longer(
     assert client.zcard(crawl_keys.starting) == 0
 
 
+def test_a_worker_whose_start_was_noted_does_not_note_it_again_at_close(
+    make_scheduler: MakeScheduler, client: redis.Redis, crawl_keys: CrawlKeys,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    scheduler = make_scheduler("w1")
+    engine_of(scheduler).start_pending = False
+    scheduler.fleet.refresh_counts()  # notes it, as a heartbeat would
+    assert client.zcard(crawl_keys.starting) == 0
+    calls: list[str] = []
+    monkeypatch.setattr(scheduler.frontier, "done_starting", lambda: calls.append("again"))
+    scheduler.close("finished")
+    assert calls == []
+
+
 def test_a_worker_closing_mid_start_keeps_its_entry_until_it_ages_out(
     make_scheduler: MakeScheduler, client: redis.Redis, crawl_keys: CrawlKeys
 ) -> None:
