@@ -209,12 +209,19 @@ local function lanes_write(lanes, read, d_busy, d_backlog, rests, nx)
     call_in_chunks("HSET", lanes_next, next_set)
     call_in_chunks("ZREM", lanes_hosts, not_due)
     call_in_chunks("ZADD", lanes_hosts, due, nx and "NX" or nil)
-    -- Keys a write may have grown past a packed list's worth (lib/hashed.lua).
-    for _, written in ipairs({ { lanes_busy, busy_set }, { lanes_group_busy, group_set },
-                               { lanes_backlog, backlog_set }, { lanes_next, next_set } }) do
-        if #written[2] > 0 then
-            hashed_keep(written[1], "hash")
-        end
+    -- Keys a write may have grown past a packed list's worth (lib/hashed.lua); no
+    -- table of them: this runs on every lease and ack.
+    if #busy_set > 0 then
+        hashed_keep(lanes_busy, "hash")
+    end
+    if #group_set > 0 then
+        hashed_keep(lanes_group_busy, "hash")
+    end
+    if #backlog_set > 0 then
+        hashed_keep(lanes_backlog, "hash")
+    end
+    if #next_set > 0 then
+        hashed_keep(lanes_next, "hash")
     end
     if #due > 0 then
         hashed_keep(lanes_hosts, "zset")
