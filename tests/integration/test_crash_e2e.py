@@ -91,7 +91,9 @@ def test_sigkill_between_lease_and_download(
     wait_for(lambda: real_redis.hlen(inflight) > len(site.requests()) + 1, 30,
              "leases not yet downloaded")
     held = real_redis.hlen(inflight)
-    results = _kill_then_finish(fleet, _settings(fleet, site), victim)
+    # the rest fetch 8 a host at a time too (one at a time, 25 pages of 1 s: 25 s)
+    results = _kill_then_finish(fleet, _settings(fleet, site, REDISSPINE_HOST_CONCURRENCY=8),
+                                victim)
     assert_finished(results)
     twice = assert_all_fetched(site)
     assert len(twice) <= held

@@ -7,11 +7,17 @@ with the real ``redisbloom.so`` loaded.
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 import pytest
 
-from tests.integration.crawlproc import assert_exactly_once, assert_finished
+from tests.integration.crawlproc import (
+    assert_all_fetched,
+    assert_exactly_once,
+    assert_finished,
+    wait_for,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -82,3 +88,48 @@ def test_workers_switch_to_bloom_mid_crawl_and_fetch_each_page_once(
         assert int(inspect.hget(fleet.keys.dedup, "layers") or 0) > 1
     assert sum(r.stats.get("redisspine/dedup/switched", 0) for r in results) == 1
     assert sum(r.stats.get("dupefilter/filtered", 0) for r in results) > 0
+
+
+def test_workers_killed_mid_switch_lose_nothing_and_the_next_ones_finish_it(
+    fleet: Fleet, site_factory: SiteFactory, inspect: redis.Redis, dedup_redis_url: str,
+    bloom_backend: str,
+) -> None:
+    # The crawl's SET holds 20,000 fingerprints of an earlier run (none of this
+    # site's) when it starts: it switches at once and drains into the filter one
+    # fingerprint a chunk, 20 ms of chunks every 0.2 s, for seconds, while the workers
+    # crawl; both are SIGKILLed in the middle of it. Two new workers find the crawl
+    # "migrating" and finish moving the SET and the crawl. Every page is fetched;
+    # only the pages the dead held in flight may be fetched twice.
+    site = site_factory(hosts=3, pages_per_host=40, fanout=5, latency=0.05)
+    earlier = [os.urandom(14) for _ in range(20_000)]  # the SET keeps 14 bytes of each
+    for i in range(0, len(earlier), 1000):
+        inspect.sadd(fleet.keys.seen, *earlier[i:i + 1000])
+    settings = fleet.crawling(
+        site,
+        REDISSPINE_REDIS_URL=dedup_redis_url,
+        REDISSPINE_DEDUP_SET_MAX_FINGERPRINTS=30,
+        REDISSPINE_DEDUP_CHECK_SECONDS=0.2,
+        REDISSPINE_DEDUP_MIGRATION_CHUNK_SIZE=1,
+        REDISSPINE_BLOOM_BACKEND=bloom_backend,
+        REDISSPINE_BLOOM_CAPACITY=50 if bloom_backend == "bitmap" else 2000,  # see above
+        REDISSPINE_BLOOM_ERROR_RATE=1e-6,
+        # the dead are taken for dead, and their leases swept back, within ~2 s
+        REDISSPINE_HEARTBEAT_SECONDS=0.3,
+        REDISSPINE_WORKER_TIMEOUT_SECONDS=1.5,
+        REDISSPINE_SWEEP_SECONDS=0.3,
+    )
+    victims = fleet.start(2, settings, log="victims")
+    wait_for(lambda: len(site.requests()) >= 20, 60, "pages fetched")
+    for victim in victims:
+        victim.kill()
+    for victim in victims:
+        victim.process.wait()
+    assert inspect.hget(fleet.keys.dedup, "mode") == b"migrating", "killed mid-switch"
+    assert inspect.scard(fleet.keys.seen) > 0
+    held = inspect.hlen(fleet.keys.inflight)
+    results = fleet.run(2, settings, log="rest", timeout=120)
+    assert_finished(results)
+    twice = assert_all_fetched(site)
+    assert len(twice) <= held, f"more pages twice than the dead held: {twice}"
+    assert inspect.hget(fleet.keys.dedup, "mode") == b"bloom"
+    assert not inspect.exists(fleet.keys.seen)
