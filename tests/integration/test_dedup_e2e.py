@@ -8,7 +8,7 @@ with the real ``redisbloom.so`` loaded.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
     import redis
 
+    from scrapy_redisspine.testing.site import TestSite
     from tests.conftest import SiteFactory
     from tests.integration.crawlproc import Fleet
 
@@ -52,17 +53,14 @@ def inspect(dedup_redis_url: str) -> Iterator[redis.Redis]:
     client.close()
 
 
-def test_workers_switch_to_bloom_mid_crawl_and_fetch_each_page_once(
-    fleet: Fleet, site_factory: SiteFactory, inspect: redis.Redis, dedup_redis_url: str,
-    bloom_backend: str,
-) -> None:
-    site = site_factory(hosts=3, pages_per_host=40, fanout=5)
-    settings = fleet.crawling(
+def _switching(
+    fleet: Fleet, site: TestSite, redis_url: str, bloom_backend: str, **extra: Any
+) -> dict[str, Any]:
+    """The crawl of ``site``, its record switching to ``bloom_backend``'s filter at 30."""
+    return fleet.crawling(
         site,
-        REDISSPINE_REDIS_URL=dedup_redis_url,
+        REDISSPINE_REDIS_URL=redis_url,
         REDISSPINE_DEDUP_SET_MAX_FINGERPRINTS=30,
-        REDISSPINE_DEDUP_CHECK_SECONDS=0.05,
-        REDISSPINE_DEDUP_MIGRATION_CHUNK_SIZE=5,
         REDISSPINE_BLOOM_BACKEND=bloom_backend,
         # The bitmap filter grows layers during the crawl too. A RedisBloom filter this
         # small misses its error rate by far (measured: 2-3e-4 of lookups false
@@ -71,7 +69,18 @@ def test_workers_switch_to_bloom_mid_crawl_and_fetch_each_page_once(
         # gets a capacity at which "each page once" holds, and grows no layer.
         REDISSPINE_BLOOM_CAPACITY=50 if bloom_backend == "bitmap" else 2000,
         REDISSPINE_BLOOM_ERROR_RATE=1e-6,
+        **extra,
     )
+
+
+def test_workers_switch_to_bloom_mid_crawl_and_fetch_each_page_once(
+    fleet: Fleet, site_factory: SiteFactory, inspect: redis.Redis, dedup_redis_url: str,
+    bloom_backend: str,
+) -> None:
+    site = site_factory(hosts=3, pages_per_host=40, fanout=5)
+    settings = _switching(fleet, site, dedup_redis_url, bloom_backend,
+                          REDISSPINE_DEDUP_CHECK_SECONDS=0.05,
+                          REDISSPINE_DEDUP_MIGRATION_CHUNK_SIZE=5)
     results = fleet.run(3, settings)
     assert_finished(results)
     assert_exactly_once(site)
@@ -104,15 +113,10 @@ def test_workers_killed_mid_switch_lose_nothing_and_the_next_ones_finish_it(
     earlier = [os.urandom(14) for _ in range(20_000)]  # the SET keeps 14 bytes of each
     for i in range(0, len(earlier), 1000):
         inspect.sadd(fleet.keys.seen, *earlier[i:i + 1000])
-    settings = fleet.crawling(
-        site,
-        REDISSPINE_REDIS_URL=dedup_redis_url,
-        REDISSPINE_DEDUP_SET_MAX_FINGERPRINTS=30,
+    settings = _switching(
+        fleet, site, dedup_redis_url, bloom_backend,
         REDISSPINE_DEDUP_CHECK_SECONDS=0.2,
         REDISSPINE_DEDUP_MIGRATION_CHUNK_SIZE=1,
-        REDISSPINE_BLOOM_BACKEND=bloom_backend,
-        REDISSPINE_BLOOM_CAPACITY=50 if bloom_backend == "bitmap" else 2000,  # see above
-        REDISSPINE_BLOOM_ERROR_RATE=1e-6,
         # the dead are taken for dead, and their leases swept back, within ~2 s
         REDISSPINE_HEARTBEAT_SECONDS=0.3,
         REDISSPINE_WORKER_TIMEOUT_SECONDS=1.5,

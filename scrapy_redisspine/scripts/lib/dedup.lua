@@ -170,31 +170,15 @@ local function dedup_block(layer, first)
     return start, block
 end
 
--- Whether all of the layer's bits (x + j*y + (j^3 - j)/6) mod block_bits are set in
--- block, (x, y) = (a, b) for j below its split, (c, d) from there.
-local function dedup_block_has(block, layer, a, b, c, d)
-    local bits, masks, split = dedup_block_bits, dedup_masks, layer.split
-    local x, y = a, b
-    for j = 0, layer.hashes - 1 do
-        if j == split then
-            x, y = c, d
-        end
-        local position = (x + j * y + (j * j * j - j) / 6) % bits
-        local bit = position % 8
-        local mask = masks[bit + 1]
-        if dedup_byte(block, (position - bit) / 8 + 1) % (mask + mask) < mask then
-            return false
-        end
-    end
-    return true
-end
-
--- Bytes changed by dedup_block_set, reused across fingerprints (no garbage).
+-- Bytes changed by dedup_block_check, reused across fingerprints (no garbage).
 local dedup_changed, dedup_touched = {}, {}
 
--- Set the bits in the block with one SETRANGE of the span of bytes that change;
--- false if they all were set already.
-local function dedup_block_set(start, block, layer, a, b, c, d)
+-- Whether all of the layer's bits (x + j*y + (j^3 - j)/6) mod block_bits were set in
+-- block, (x, y) = (a, b) for j below its split, (c, d) from there. Given `start` (the
+-- block's first byte in the bitmap), it sets those that were not, with one SETRANGE
+-- of the span of bytes that change; without, it only tests (and stops at the first
+-- bit not set).
+local function dedup_block_check(block, layer, a, b, c, d, start)
     local bits, masks, split = dedup_block_bits, dedup_masks, layer.split
     local changed, touched = dedup_changed, dedup_touched
     local n, low, high = 0, 65536, 0
@@ -209,6 +193,9 @@ local function dedup_block_set(start, block, layer, a, b, c, d)
         local index = (position - bit) / 8 + 1
         local value = changed[index] or dedup_byte(block, index)
         if value % (mask + mask) < mask then
+            if not start then
+                return false
+            end
             if not changed[index] then
                 n = n + 1
                 touched[n] = index
@@ -219,7 +206,7 @@ local function dedup_block_set(start, block, layer, a, b, c, d)
         end
     end
     if n == 0 then
-        return false
+        return true
     end
     local bytes = { dedup_byte(block, low, high) }
     for i = 1, n do
@@ -228,7 +215,7 @@ local function dedup_block_set(start, block, layer, a, b, c, d)
         changed[index] = nil
     end
     redis.call("SETRANGE", dedup_bloom, dedup_format("%d", start + low - 1), dedup_char(unpack(bytes)))
-    return true
+    return false
 end
 
 local function dedup_grow()
@@ -254,13 +241,13 @@ local function dedup_bitmap_add(fingerprint)
     for l = 1, dedup_active - 1 do
         local layer = dedup_layers[l]
         local _, block = dedup_block(layer, first)
-        if dedup_block_has(block, layer, a, b, c, d) then
+        if dedup_block_check(block, layer, a, b, c, d) then
             return 0
         end
     end
     local layer = dedup_layers[dedup_active]
     local start, block = dedup_block(layer, first)
-    if not dedup_block_set(start, block, layer, a, b, c, d) then
+    if dedup_block_check(block, layer, a, b, c, d, start) then
         return 0
     end
     -- Sampled count: the digits of h2 above those that placed the bits (bloom.py).

@@ -27,8 +27,10 @@ passed Redis's memory check, so on a full Redis (maxmemory, noeviction) these wr
 are never the call's first, the one Redis refuses.
 Includes nothing. Needs nothing: the keys are arguments.
 
-hashed_keep(key, kind) -- kind "hash" or "zset": convert key if it is packed and holds
-  more than hashed_above entries; checked at most once per key per script call. A
+hashed_keep(key, kind, written) -- kind "hash" or "zset": convert key if it is packed
+  and holds more than hashed_above entries; checked at most once per key per script
+  call. `written`, if given, is how many arguments the call's writes to the key had:
+  0 (nothing set) asks nothing. A
   server that refuses OBJECT ENCODING (an ACL, a renamed command, fakeredis) is
   not asked again in the call and its keys stay as they are: slower, never wrong,
   and `redisspine status` names keys left packed (its hint line).
@@ -38,10 +40,10 @@ hashed_keep(key, kind) -- kind "hash" or "zset": convert key if it is packed and
 -- ENCODING was refused once in this call.
 local hashed_state = { checked = {}, refused = false }
 
-local function hashed_keep(key, kind)
+local function hashed_keep(key, kind, written)
     -- connection.PACKED_ENTRIES_MAX: the embedded server's thresholds, status's hint.
     local hashed_above = 16
-    if hashed_state.refused or hashed_state.checked[key] then
+    if written == 0 or hashed_state.refused or hashed_state.checked[key] then
         return
     end
     hashed_state.checked[key] = true

@@ -209,23 +209,12 @@ local function lanes_write(lanes, read, d_busy, d_backlog, rests, nx)
     call_in_chunks("HSET", lanes_next, next_set)
     call_in_chunks("ZREM", lanes_hosts, not_due)
     call_in_chunks("ZADD", lanes_hosts, due, nx and "NX" or nil)
-    -- Keys a write may have grown past a packed list's worth (lib/hashed.lua); no
-    -- table of them: this runs on every lease and ack.
-    if #busy_set > 0 then
-        hashed_keep(lanes_busy, "hash")
-    end
-    if #group_set > 0 then
-        hashed_keep(lanes_group_busy, "hash")
-    end
-    if #backlog_set > 0 then
-        hashed_keep(lanes_backlog, "hash")
-    end
-    if #next_set > 0 then
-        hashed_keep(lanes_next, "hash")
-    end
-    if #due > 0 then
-        hashed_keep(lanes_hosts, "zset")
-    end
+    -- Keys a write may have grown past a packed list's worth (lib/hashed.lua).
+    hashed_keep(lanes_busy, "hash", #busy_set)
+    hashed_keep(lanes_group_busy, "hash", #group_set)
+    hashed_keep(lanes_backlog, "hash", #backlog_set)
+    hashed_keep(lanes_next, "hash", #next_set)
+    hashed_keep(lanes_hosts, "zset", #due)
 end
 
 local function lanes_update(lanes, d_busy, d_backlog, rests, nx)
