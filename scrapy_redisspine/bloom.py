@@ -32,8 +32,8 @@ Why four coefficients: a block holds ~512 / bits-per-fingerprint fingerprints (5
 and a new fingerprint whose whole pattern equals one of theirs is a false positive
 whatever the bits. With ``a`` and ``b`` alone (``PLACEMENT_PAIR``, the layout filters
 had before) a block has 2**18 patterns, which puts a floor of ~4e-5 under the error
-rate: a filter asked for 1e-6 dropped 40 times the URLs it promised, e.g. a test
-crawl's page about one run in 300. Four give 2**36 patterns, a floor near 1e-10.
+rate: a filter asked for 1e-6 dropped 40-60 times the URLs it promised (measured:
+benchmarks/RESULTS.md, session 22). Four give 2**36 patterns, a floor near 1e-10.
 A layer's spec says its placement: filters created before keep theirs, and a worker
 that does not know a placement refuses the spec instead of looking at other bits.
 
