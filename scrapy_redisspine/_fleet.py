@@ -88,6 +88,7 @@ class FleetMember:
         self._crawl_gone = crawl_gone
         self.gone = False
         self._said_waiting = False
+        self._said_cut_short = False
         self._start_noted = False
         self._engine = engine
         self._stats = stats
@@ -161,6 +162,16 @@ class FleetMember:
         self.checked_at = self._clock.seconds()
         if counts.close_reason:
             self.close_ordered(counts.close_reason)
+        if counts.cut_short and not self.pending and not self._said_cut_short:
+            self._said_cut_short = True
+            self._stats.set_value("redisspine/fleet/starts_cut_short", counts.cut_short)
+            logger.warning(
+                "redisspine: crawl %r is out of work, and %d worker(s) stopped without "
+                "noting their start requests done (killed, or stopped mid-start): any "
+                "they had not queued are not in the crawl. If their spiders' start() "
+                "yields requests no other worker's does, run them again",
+                self._frontier.keys.crawl_id, counts.cut_short,
+            )
         if not counts.ever and not self._said_waiting and self._wait_for_first:
             self._said_waiting = True
             logger.info(

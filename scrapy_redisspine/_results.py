@@ -206,6 +206,7 @@ class FleetCounts:
     shed: int = 0
     idle_ms: int = -1  # how long the crawl had no work (-1: it has, or not tracked)
     close_reason: str = ""  # the fleet's close order ("idle" once idle long enough)
+    cut_short: int = 0  # workers that stopped while still producing start requests
 
     @property
     def has_work(self) -> bool:
@@ -322,7 +323,7 @@ def heartbeat(reply: Any) -> Heartbeat:
 
 def fleet_counts(reply: Any) -> FleetCounts:
     """``fleet_counts.lua``'s reply; an unreadable one reads as work left."""
-    status, queued, inflight, starting, ever, shed, idle_ms, close = fields(reply, 8)
+    status, queued, inflight, starting, ever, shed, idle_ms, close, cut_short = fields(reply, 9)
     return FleetCounts(text(status) or "ok", number(queued, 1), number(inflight),
                        number(starting), bool(number(ever, 1)), number(shed),
-                       number(idle_ms, -1), text(close))
+                       number(idle_ms, -1), text(close), number(cut_short))

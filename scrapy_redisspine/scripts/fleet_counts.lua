@@ -32,9 +32,12 @@ idle for idle_close_ms with no live worker producing start requests, the close o
 
 On a replica it answers READONLY (an outage to the worker: no count, no finish).
 
-Returns { status, queued, inflight, starting, ever, shed, idle_ms, close_reason }: status as lib/crawl.lua's
-crawl_status (counts are 0 unless "ok"); starting counts live workers still
-producing start requests; ever is 1 once any request was queued or leased (a crawl
+Returns { status, queued, inflight, starting, ever, shed, idle_ms, close_reason,
+cut_short }: status as lib/crawl.lua's crawl_status (counts are 0 unless "ok");
+starting counts live workers still producing start requests, cut_short the workers
+that stopped heartbeating while still producing them (killed, or stopped mid-start:
+their entries stay until the crawl is purged), whose start requests not yet queued
+the fleet cannot know; ever is 1 once any request was queued or leased (a crawl
 whose requests were all kept in memory had work too); shed counts the newly
 discovered requests workers dropped for lack of Redis memory (add_shed.lua): a crawl
 done with shed > 0 is not "finished" (a count that is no number reads as 1); idle_ms
@@ -60,7 +63,7 @@ if readonly then  -- (Redis 6.2 puts "@user_script: N: -" in front: the reply st
 end
 local status = crawl_status(record, epoch)
 if status ~= "ok" then
-    return { status, 0, 0, 0, 0, 0, -1, "" }
+    return { status, 0, 0, 0, 0, 0, -1, "", 0 }
 end
 local shed = redis.call("HGET", stats, "shed")
 shed = shed and math.floor(tonumber(shed) or 1) or 0
@@ -73,6 +76,7 @@ else
     queued, in_flight = lists_size(queue), redis.call("HLEN", inflight)
 end
 local producing = redis.call("ZCOUNT", starting, now_ms - alive_ms, "+inf")
+local cut_short = redis.call("ZCOUNT", starting, "-inf", "(" .. (now_ms - alive_ms))
 local close_reason = redis.call("HGET", control, "close_reason") or ""
 
 -- How long the crawl had no work (-1: it has some); see the header.
@@ -114,4 +118,5 @@ return {
     shed,
     idle_ms,
     close_reason,
+    cut_short,
 }

@@ -286,6 +286,26 @@ def test_a_dead_starter_does_not_hold_the_fleet_open_for_ever(
     assert not pending(idle)
 
 
+def test_a_crawl_done_after_a_starter_stopped_mid_start_says_so_once(
+    make_scheduler: MakeScheduler, client: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The requests its start() had not queued yet are known to no one: the crawl ends
+    # with what is queued, and the worker that finds it done says that it may be short.
+    idle = make_scheduler("w2")
+    idle.enqueue_request(Request("http://example.com/a"))
+    client.zadd(KEYS.starting, {"dead-starter": 1})  # its last heartbeat: long ago
+    with caplog.at_level(logging.WARNING, logger="scrapy_redisspine"):
+        assert pending(idle), "work queued: nothing said yet"
+        assert not caplog.records
+        drain(idle)
+        assert idle.outbox.try_flush()
+        assert not pending(idle)
+        assert not pending(idle)
+    (warning,) = [r.getMessage() for r in caplog.records]
+    assert "1 worker(s) stopped without noting their start requests done" in warning
+    assert _stat(idle, "redisspine/fleet/starts_cut_short") == 1
+
+
 def test_keep_alive_is_alwayspending(make_scheduler: MakeScheduler) -> None:
     assert pending(make_scheduler(REDISSPINE_KEEP_ALIVE=True))
 
