@@ -252,7 +252,11 @@ def test_a_spider_fed_only_through_its_feed_key_crawls_the_site_and_finishes(
 def test_status_after_a_worker_was_killed_keeps_its_last_totals_and_says_finished(
     fleet: Fleet, site_factory: SiteFactory, redis_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    site = site_factory(hosts=3, pages_per_host=20, latency=0.05)
+    # Pages slow enough that the victim dies with leases held (~6 s of pages a host):
+    # the rest can finish only once its sweep took the victim for dead. (At 0.05 s a
+    # page the victim had crawled nearly all by its kill, and the rest could finish
+    # before the victim's heartbeat aged: "alive", under load.)
+    site = site_factory(hosts=3, pages_per_host=20, latency=0.3)
     settings = fleet.crawling(site, **FAST, REDISSPINE_WORKER_TIMEOUT_SECONDS=1.5)
     [victim] = fleet.start(1, settings, log="victim")
     wait_for(lambda: _fetched(site) >= 15, 30, "15 pages fetched")
