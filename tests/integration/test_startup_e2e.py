@@ -17,6 +17,7 @@ from tests.integration.crawlproc import (
     assert_all_fetched,
     assert_finished,
     assert_refused,
+    wait_for,
     wait_workers,
 )
 
@@ -48,6 +49,34 @@ def test_workers_that_join_before_anything_is_queued_wait_for_the_seeds(
     assert_all_fetched(site)
     assert all("no request queued yet" in result.log for result in results[:2])
     assert sum(result.stats.get("response_received_count", 0) for result in results[:2]) > 0
+    assert not any(CUT_SHORT in result.log for result in results), "nobody stopped"
+
+
+CUT_SHORT = "stopped without noting their start requests done"
+
+
+@pytest.mark.parametrize("stop", ["terminate", "kill"])
+def test_a_crawl_done_after_its_seeder_stopped_mid_start_says_so(
+    fleet: Fleet, site_factory: Callable[..., TestSite], stop: str,
+) -> None:
+    # The seeder is stopped (Ctrl-C's graceful shutdown, or SIGKILL) after its first
+    # start request, its other two never yielded. The joiner crawls what there is
+    # (this site's pages link across hosts: all of it), waits until the seeder is
+    # taken for dead, and finishes saying that start requests may be missing.
+    site = site_factory(hosts=3, pages_per_host=10, latency=0.1)
+    settings = fleet.crawling(site, REDISSPINE_HEARTBEAT_SECONDS=0.3,
+                              REDISSPINE_WORKER_TIMEOUT_SECONDS=1.5)
+    [joiner] = fleet.start(1, {**settings, "LINKS_JOIN_ONLY": True}, log="joiner")
+    # 3 s before each of its three start requests: stopped ~3 s before its second
+    [seeder] = fleet.start(1, {**settings, "LINKS_START_PAUSE_SECONDS": 3.0}, log="seeder")
+    wait_for(lambda: len(site.requests()) >= 1, 60, "the first start page fetched")
+    getattr(seeder, stop)()
+    seeder.process.wait()
+    [result] = wait_workers([joiner], timeout=120)
+    assert_finished([result])
+    assert_all_fetched(site)
+    assert CUT_SHORT in result.log
+    assert result.stats.get("redisspine/fleet/starts_cut_short") == 1
 
 
 def test_scrapys_rule_on_request_closes_a_crawl_that_never_had_a_request(
