@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from scrapy_redisspine.testing.linkgraph import host_address
 from scrapy_redisspine.testing.redis_server import RedisServer
 from tests.integration.crawlproc import (
     assert_all_fetched,
@@ -77,6 +78,14 @@ def test_a_crawl_done_after_its_seeder_stopped_mid_start_says_so(
     assert_all_fetched(site)
     assert CUT_SHORT in result.log
     assert result.stats.get("redisspine/fleet/starts_cut_short") == 1
+    # As the warning says: run it again, and what its start() yields that the crawl
+    # does not have is crawled, though the crawl had finished (here a start URL that
+    # the first run never reached, a 404 in the site's own log)
+    extra = f"http://{host_address(0)}:{site.port}/never-queued"
+    [again] = fleet.run(1, {**settings, "LINKS_EXTRA_START_URLS": extra}, log="again",
+                        timeout=60)
+    assert_finished([again])
+    assert [r["path"] for r in site.requests()].count("/never-queued") == 1
 
 
 def test_scrapys_rule_on_request_closes_a_crawl_that_never_had_a_request(
