@@ -149,6 +149,17 @@ def _packed_line(packed: list[dict[str, Any]] | None) -> list[str]:
             f"(Operations, \"Redis settings that make the frontier cheaper\")"]
 
 
+def _starting_line(status: dict[str, Any]) -> list[str]:
+    """Workers still producing start requests, and those that stopped while they were:
+    shown only when there are any."""
+    producing, cut_short = status.get("workers_starting", 0), status.get("workers_cut_short", 0)
+    parts = [f"{producing} still producing start requests"] if producing else []
+    if cut_short:
+        parts.append(f"{cut_short} stopped before noting theirs done (any not queued are "
+                     f"not in the crawl: run them again if their start() differs)")
+    return [f"  {'; '.join(parts)}"] if parts else []
+
+
 def render_status(status: dict[str, Any]) -> str:
     """The readable status; a section with nothing to show is left out, not printed
     as an empty table."""
@@ -173,6 +184,7 @@ def render_status(status: dict[str, Any]) -> str:
           if status.get("close_reason") else []),
         "",
         f"workers: {status['workers_alive']} alive of {status['workers_total']}",
+        *_starting_line(status),
     ]
     if status["workers"]:
         lines += _workers_table(status["workers"])

@@ -64,6 +64,10 @@ _GAUGES = {
     "workers_alive": ("redisspine_workers_alive", "Workers with a fresh heartbeat"),
     "workers_total": ("redisspine_workers_known", "Workers with a heartbeat entry, "
                       "alive or not yet swept"),
+    "workers_starting": ("redisspine_workers_starting", "Live workers whose spider still "
+                         "produces start requests"),
+    "workers_cut_short": ("redisspine_workers_cut_short", "Workers that stopped while "
+                          "their spider still produced start requests"),
     "eta_seconds": ("redisspine_eta_seconds", "Time left, politeness included (absent "
                     "while paused, draining, idle, finished or without workers)"),
 }

@@ -379,7 +379,12 @@ def read_status(
     pipe.zcard(keys.workers)
     pipe.zrangebyscore(keys.progress, now_ms - RATE_WINDOW_MS, "+inf", 0, _MAX_SAMPLES)
     pipe.hget(keys.record, "finished_ms")
-    *per_view, workers_total, raw_samples, finished_ms = execute_reading_counts(pipe, counts_at)
+    # workers still producing start requests, and those that stopped while they were
+    # (their start requests not queued are known to no one: fleet_counts.lua)
+    pipe.zcount(keys.starting, now_ms - timeout_ms, "+inf")
+    pipe.zcount(keys.starting, "-inf", f"({now_ms - timeout_ms}")
+    *per_view, workers_total, raw_samples, finished_ms, producing, cut_short = (
+        execute_reading_counts(pipe, counts_at))
     queued = sum(queue_size(zcard, listed)
                  for zcard, listed in zip(per_view[0::5], per_view[1::5], strict=True))
     inflight, dead, items = (sum(per_view[i::5]) for i in range(2, 5))
@@ -410,6 +415,8 @@ def read_status(
         "finished_ms": int(_number(finished_ms)) if finished_ms is not None else None,
         "workers_alive": sum(1 for w in workers if w["alive"]),
         "workers_total": int(workers_total),
+        "workers_starting": int(producing),
+        "workers_cut_short": int(cut_short),
         "items": _items(int(items), counters),
     }
     status["state"] = _state(status)

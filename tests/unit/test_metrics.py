@@ -72,6 +72,8 @@ def test_the_metrics_are_the_numbers_of_status(crawl: Frontier, real_redis: redi
     assert got[("redisspine_requests_done_total", books)] == status["done"] == 1
     assert got[("redisspine_dead_letters", books)] == 0
     assert got[("redisspine_workers_alive", books)] == status["workers_alive"] == 1
+    assert got[("redisspine_workers_starting", books)] == status["workers_starting"]
+    assert got[("redisspine_workers_cut_short", books)] == status["workers_cut_short"] == 0
     assert got[("redisspine_dedup_fingerprints", books)] == status["dedup"]["set_size"] == 4
     assert got[("redisspine_dedup_mode", (("crawl", "books"), ("mode", "set")))] == 1
     assert got[("redisspine_crawl_state", (("crawl", "books"), ("state", "running")))] == 1

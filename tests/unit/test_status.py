@@ -174,6 +174,21 @@ def test_shed_requests_and_the_feed_are_shown_only_when_there_are_any(
     assert "feed: 12 entry(ies) enqueued, 2 dead-lettered" in text
 
 
+def test_workers_still_starting_and_those_cut_short_are_shown_when_there_are_any(
+    client: redis.Redis, crawl_keys: CrawlKeys
+) -> None:
+    client.sadd(crawl_keys.crawls, crawl_keys.crawl_id)
+    quiet = read_status(client, crawl_keys)
+    assert (quiet["workers_starting"], quiet["workers_cut_short"]) == (0, 0)
+    assert "start requests" not in render_status(quiet)
+    now = _now_ms(client)
+    client.zadd(crawl_keys.starting, {"seeding": now, "killed": now - 60_000})
+    status = read_status(client, crawl_keys)
+    assert (status["workers_starting"], status["workers_cut_short"]) == (1, 1)
+    assert ("  1 still producing start requests; 1 stopped before noting theirs done"
+            in render_status(status))
+
+
 def test_redis_memory_and_the_budget_the_workers_hold_it_to(
     real_redis: redis.Redis, crawl_keys: CrawlKeys
 ) -> None:
