@@ -224,9 +224,9 @@ def bit_positions(fingerprint: bytes, layer: BloomLayer) -> list[int]:
     first, second = fingerprint_hashes(fingerprint)
     start = (layer.offset + (first % layer.blocks) * BLOCK_BYTES) * 8
     a, b, c, d = ((second // BLOCK_BITS**i) % BLOCK_BITS for i in range(4))
+    coefficients = [(a, b) if j < layer.split else (c, d) for j in range(layer.hashes)]
     return [start + (x + j * y + (j * j * j - j) // 6) % BLOCK_BITS
-            for j in range(layer.hashes)
-            for x, y in [(a, b) if j < layer.split else (c, d)]]
+            for j, (x, y) in enumerate(coefficients)]
 
 
 def counts_for(fingerprint: bytes, layer: BloomLayer) -> bool:

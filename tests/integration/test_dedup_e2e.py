@@ -65,8 +65,9 @@ def _switching(
         # The bitmap filter grows layers during the crawl too. A RedisBloom filter this
         # small misses its error rate by far (measured: 2-3e-4 of lookups false
         # positives at capacity 50, asked 5e-7; near the rate asked from ~1,000 up),
-        # which over this crawl's ~600 lookups dropped a page about one run in ten: it
-        # gets a capacity at which "each page once" holds, and grows no layer.
+        # which over a crawl's ~600 lookups dropped a page about one run in ten: it
+        # gets a capacity at which "each page once" holds (and a crawl of this site
+        # alone grows no layer of it).
         REDISSPINE_BLOOM_CAPACITY=50 if bloom_backend == "bitmap" else 2000,
         REDISSPINE_BLOOM_ERROR_RATE=1e-6,
         **extra,

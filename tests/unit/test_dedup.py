@@ -582,6 +582,19 @@ class TestCorruptKeys:
             frontier.enqueue([NewRequest(b"a", fps(1)[0])])
         assert not client.exists(KEYS.queue, KEYS.seq, KEYS.stats)
 
+    @pytest.mark.parametrize("tail", [" 3", " 2 2", " 1", "x"])
+    def test_a_layer_of_an_unknown_placement_fails_the_script_before_it_writes(
+        self, backend: str, client: redis.Redis, tail: str
+    ) -> None:
+        # (a filter laid out by a later version: its bits would be looked for elsewhere)
+        record = opened(client, bitmap_params())
+        record.maintain()
+        five = " ".join(client.hget(KEYS.dedup, "layer:1").decode().split()[:5])
+        client.hset(KEYS.dedup, "layer:1", five + tail)
+        with pytest.raises(redis.ResponseError, match="bad spec of layer 1"):
+            Frontier(client, KEYS, "w1").enqueue([NewRequest(b"a", fps(1)[0])])
+        assert not client.exists(KEYS.queue, KEYS.seq, KEYS.stats)
+
     def test_bitmap_cut_short_after_open_names_the_bitmap(
         self, backend: str, client: redis.Redis
     ) -> None:

@@ -78,17 +78,17 @@ local dedup_block_bytes, dedup_block_bits, dedup_active, dedup_planned = 0, 0, 0
 local dedup_layers = {}
 
 local function dedup_load_layer(i)
-    local spec = redis.call("HGET", dedup_meta, "layer:" .. i) or ""
-    local offset, blocks, hashes, capacity, step = string.match(spec, "^(%d+) (%d+) (%d+) (%d+) (%d+)$")
-    local split, shift -- bits placed by a and b (c and d place the rest); h2's count digits
-    if step then -- placement 1
-        split, shift = tonumber(hashes), dedup_block_bits ^ 2
-    else
-        offset, blocks, hashes, capacity, step = string.match(spec, "^(%d+) (%d+) (%d+) (%d+) (%d+) 2$")
-        split, shift = math.floor((tonumber(hashes or 0) + 1) / 2), dedup_block_bits ^ 4
-    end
-    if not step or tonumber(blocks) < 1 or tonumber(hashes) < 1 or tonumber(step) < 1 then
+    local offset, blocks, hashes, capacity, step, placement = string.match(
+        redis.call("HGET", dedup_meta, "layer:" .. i) or "", "^(%d+) (%d+) (%d+) (%d+) (%d+)(.*)$")
+    if not step or (placement ~= "" and placement ~= " 2")
+        or tonumber(blocks) < 1 or tonumber(hashes) < 1 or tonumber(step) < 1 then
         dedup_fail("bad spec of layer " .. i)
+    end
+    -- split: the bits a and b place (c and d the rest); shift: h2's digits under it
+    -- place bits, those above sample the count. No sixth field: placement 1.
+    local split, shift = tonumber(hashes), dedup_block_bits ^ 2
+    if placement == " 2" then
+        split, shift = math.floor((split + 1) / 2), dedup_block_bits ^ 4
     end
     dedup_layers[i] = {
         offset = tonumber(offset), blocks = tonumber(blocks), hashes = tonumber(hashes),
