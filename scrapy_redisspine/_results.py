@@ -272,6 +272,14 @@ def lease_batch(reply: Any) -> LeaseBatch:
                       number(page_limited))
 
 
+def lease_with_acks(reply: Any) -> tuple[EnqueueResult, LeaseBatch]:
+    """A lease reply that carried acks (lease.lua's last two fields): the acks' outcome
+    as an enqueue of no requests would give it, and the lease. Repairs go with the
+    lease alone (counted once)."""
+    acked, throttled = fields(reply, 13)[11:]
+    return EnqueueResult("", number(acked), throttled=_throttled(throttled)), lease_batch(reply)
+
+
 def _leases(
     members: list[Any], token: str, requeued: Any, delays: Any
 ) -> tuple[list[Lease], list[str]]:

@@ -46,6 +46,7 @@ from scrapy_redisspine._results import (
     enqueue_result,
     fields,
     lease_batch,
+    lease_with_acks,
     number,
     repairs_of,
     text,
@@ -280,10 +281,7 @@ class Frontier:
             *self.throttle_args,
         ]
         for i, ack in enumerate(acks):
-            args += [ack[0], ack[1], ack[2] if len(ack) > 2 else 0,  # type: ignore[misc]
-                     len(items[i]) if items else 0,
-                     ack[3] if len(ack) > 3 else -1, ack[4] if len(ack) > 4 else 0,  # type: ignore[misc]
-                     ack[5] if len(ack) > 5 else 0]  # type: ignore[misc]
+            args += _ack_args(ack, len(items[i]) if items else 0)
         for item in (*loose, *(item for its in items for item in its)):
             args += [item.class_path, item.url, item.payload]
         for request in requests:
@@ -302,10 +300,16 @@ class Frontier:
         keys, args = self._lease_call(count)
         return lease_batch(self._scripts.call("lease", keys, args))
 
-    def _lease_call(self, count: int) -> tuple[Sequence[str], list[bytes | str | int]]:
-        return self._scripts.keys("lease"), [self.epoch, self.worker_id, count, self.concurrency,
-                                             self.page_budget, self.lane_page_limit,
-                                             GROUP_RECHECK_MS]
+    def _lease_call(
+        self, count: int, acks: Sequence[Ack | LeaseHandle] = ()
+    ) -> tuple[Sequence[str], list[bytes | str | int]]:
+        args: list[bytes | str | int] = [
+            self.epoch, self.worker_id, count, self.concurrency, self.page_budget,
+            self.lane_page_limit, GROUP_RECHECK_MS, len(acks), *self.throttle_args,
+        ]
+        for ack in acks:
+            args += _ack_args(ack, 0)
+        return self._scripts.keys("lease"), args
 
     def enqueue_and_lease(
         self, requests: Sequence[NewRequest], acks: Sequence[Ack | LeaseHandle], count: int,
@@ -318,7 +322,17 @@ class Frontier:
         trip. A failed enqueue (e.g. Redis out of memory) is returned, not raised: the
         lease ran all the same and its leases are this worker's now. A failed lease
         raises.
+
+        Acks with nothing else (no request, no item: the usual round once a crawl's
+        pages mostly yield links already seen) go in the lease's own call, applied
+        first as enqueue.lua would (``scripts/lease.lua``): one script for Redis to
+        run instead of two, and one round trip instead of two on Redis Cluster.
         """
+        if acks and not requests and not items and not loose:
+            (reply,) = self._pipelined([("lease", *self._lease_call(count, acks))])
+            if isinstance(reply, redis.RedisError):
+                raise reply
+            return lease_with_acks(reply)
         calls: list[_Call] = [
             ("enqueue", *self._enqueue_call(requests, acks, items, loose)),
             ("lease", *self._lease_call(count)),
@@ -359,7 +373,10 @@ class Frontier:
         EVALSHA is sent directly: redis-py's pipelined ``Script`` calls would first ask
         ``SCRIPT EXISTS`` in a round trip of their own. A script the server lacks (after
         a restart or SCRIPT FLUSH) is loaded and run again on its own: a NOSCRIPT reply
-        means it did not run.
+        means it did not run. Every other script is loaded with it (``load_all``), so
+        that the calls of one pipeline never again find the cache half loaded and run
+        out of order (the lease before the acks that free its lanes: then it leases
+        less, nothing worse).
         """
         if is_cluster(self.client):
             return [self._one_by_one(call) for call in calls]
@@ -367,6 +384,8 @@ class Frontier:
         for name, keys, args in calls:
             pipe.evalsha(self._scripts[name].sha, len(keys), *keys, *args)
         replies: list[Any] = pipe.execute(raise_on_error=False)
+        if any(isinstance(reply, redis.exceptions.NoScriptError) for reply in replies):
+            self._scripts.load_all()
         for i, reply in enumerate(replies):
             if isinstance(reply, redis.exceptions.NoScriptError):
                 name, keys, args = calls[i]
@@ -452,3 +471,11 @@ class Frontier:
     def push(self, requests: Sequence[NewRequest]) -> EnqueueResult:
         """Add requests from outside a crawl (e.g. a seeding script)."""
         return self.enqueue(requests)
+
+
+def _ack_args(ack: Ack | LeaseHandle, n_items: int) -> list[bytes | str | int]:
+    """An ack's seven script arguments (enqueue.lua's ARGV groups, lease.lua's too):
+    order key, token, rest, its items' count, latency, status, elapsed."""
+    return [ack[0], ack[1], ack[2] if len(ack) > 2 else 0,  # type: ignore[misc]
+            n_items, ack[3] if len(ack) > 3 else -1,  # type: ignore[misc]
+            ack[4] if len(ack) > 4 else 0, ack[5] if len(ack) > 5 else 0]  # type: ignore[misc]

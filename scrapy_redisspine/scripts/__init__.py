@@ -179,10 +179,22 @@ class ScriptSet:
     """
 
     def __init__(self, client: redis.Redis, keys: CrawlKeys) -> None:
+        self._client = client
         self._scripts: dict[str, Script] = {
             name: client.register_script(source(name)) for name in SCRIPT_NAMES
         }
         self._keys = {name: bind_keys(name, keys) for name in SCRIPT_NAMES}
+
+    def load_all(self) -> None:
+        """Load every script (one round trip): after a NOSCRIPT reply, which means the
+        server lost its script cache (a restart, SCRIPT FLUSH). Loading one script
+        at a time as each is next called would leave the cache partial, and a
+        pipeline of two calls (acks, then a lease) whose first script is missing
+        runs its second one first."""
+        pipe = self._client.pipeline(transaction=False)
+        for script in self._scripts.values():
+            pipe.script_load(script.script)
+        pipe.execute()
 
     def __getitem__(self, name: str) -> Script:
         return self._scripts[name]

@@ -100,7 +100,7 @@ next copy is a duplicate). Bloom filters of RedisBloom are not checked.
 -- #include crawl
 -- #include member
 -- #include lists
--- #include entry
+-- #include acks
 -- #include batch
 -- #include lanes
 -- #include numbers
@@ -120,10 +120,10 @@ local n_acks, concurrency, backlog_cap = tonumber(ARGV[4]), tonumber(ARGV[5]), t
 local items_cap, items_bytes, n_loose = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
 throttle_init(lane_throttle, tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12]),
               tonumber(ARGV[13]))
-local FIRST_ACK, ACK_SIZE = 14, 7
-local first_item = FIRST_ACK + ACK_SIZE * n_acks
+local FIRST_ACK = 14
+local first_item = FIRST_ACK + ACKS_SIZE * n_acks
 local n_items = n_loose
-for i = FIRST_ACK + 3, first_item - 1, ACK_SIZE do
+for i = FIRST_ACK + 3, first_item - 1, ACKS_SIZE do
     n_items = n_items + tonumber(ARGV[i])
 end
 local first_request = first_item + 3 * n_items
@@ -136,10 +136,7 @@ local n_requests = (#ARGV - first_request + 1) / 5
 -- is repaired whatever it holds, lib/numbers.lua).
 lanes_init(queue, hosts, busy, backlog, host_next, concurrency, clock_ms(), lane_limits,
            group_busy)
-local any_requeues = n_acks > 0 and key_exists(requeues, "hash")
-if n_acks > 0 then
-    keys_expect(leases, "zset", owned, "zset") -- the lanes' HASHes: read before the acks
-end
+acks_init(inflight, leases, owned, requeues)
 if n_requests > 0 then
     dedup_init(seen, dedup, bloom) -- (acks alone need no dedup)
     keys_expect(queue, "zset", starts, "set", seen, "set", busy, "hash", backlog, "hash",
@@ -152,74 +149,14 @@ if n_items > 0 then
     key_exists(items, "stream")
 end
 
--- Acks: one HMGET for all entries, one write per key for all of them, and one
--- update per lane (its slots and its rest) however many of its leases end here.
-local acked = 0
-local throttled = {}
-local items_due, items_fenced = {}, 0 -- ARGV index of each item to write; refused ones
+-- Acks (lib/acks.lua): before any other write, so that their lanes are free and
+-- resting as the batch's requests are added.
+local items_due = {} -- ARGV index of each item to write: loose ones, then applied acks'
 for i = first_item, first_item + 3 * (n_loose - 1), 3 do
     items_due[#items_due + 1] = i
 end
-if n_acks > 0 then
-    local ack_keys = {}
-    for i = FIRST_ACK, first_item - 1, ACK_SIZE do
-        ack_keys[#ack_keys + 1] = ARGV[i]
-    end
-    local entries = hmget_in_chunks(inflight, ack_keys)
-    local done_keys, done_owned = {}, {}
-    local lanes_done, released, freed, rests, samples = {}, {}, {}, {}, {}
-    local credits = {} -- lane -> the smallest elapsed (ms) of its acks here
-    local item_at = first_item + 3 * n_loose -- the first item of the current ack
-    for j, key in ipairs(ack_keys) do
-        local base = FIRST_ACK + ACK_SIZE * (j - 1)
-        local lane = entry_lane(entries[j], owner, ARGV[base + 1])
-        local its_items = tonumber(ARGV[base + 3])
-        if lane ~= nil and not released[key] then
-            released[key] = true
-            for i = item_at, item_at + 3 * (its_items - 1), 3 do
-                items_due[#items_due + 1] = i
-            end
-            done_keys[#done_keys + 1] = key
-            done_owned[#done_owned + 1] = owner .. "\n" .. key
-            if lane then
-                if not freed[lane] then
-                    lanes_done[#lanes_done + 1] = lane
-                    freed[lane], rests[lane] = 0, 0
-                end
-                freed[lane] = freed[lane] - 1
-                local rest = tonumber(ARGV[base + 2])
-                local elapsed = tonumber(ARGV[base + 6])
-                if not (elapsed and elapsed >= 0 and elapsed < math.huge) then
-                    numbers_note("ack", key, ARGV[base + 6], "0 (elapsed)")
-                    elapsed = 0
-                end
-                rests[lane] = math.max(rests[lane], rest - math.min(elapsed, rest))
-                credits[lane] = math.min(credits[lane] or elapsed, elapsed)
-                local latency = tonumber(ARGV[base + 4])
-                if throttle_on() and latency and latency >= 0 then
-                    samples[lane] = samples[lane] or {}
-                    table.insert(samples[lane], { latency, tonumber(ARGV[base + 5]) or 0 })
-                end
-            end
-        else
-            items_fenced = items_fenced + its_items
-        end
-        item_at = item_at + 3 * its_items
-    end
-    acked = #done_keys
-    if acked > 0 then
-        local lanes_before = lanes_read(lanes_done) -- before the first write
-        local delays_before = throttle_read(lanes_done)
-        call_in_chunks("HDEL", inflight, done_keys) -- no "denyoom" command: see lease.lua
-        call_in_chunks("ZREM", leases, done_keys)
-        call_in_chunks("ZREM", owned, done_owned)
-        if any_requeues then
-            call_in_chunks("HDEL", requeues, done_keys)
-        end
-        throttled = throttle_write(lanes_done, delays_before, samples, rests, credits)
-        lanes_write(lanes_done, lanes_before, freed, nil, rests, false)
-    end
-end
+local acked, throttled, items_fenced = acks_apply(ARGV, FIRST_ACK, n_acks, owner,
+                                                  first_item + 3 * n_loose, items_due)
 
 -- Start requests and requests that skip dedup (retries, redirects: dont_filter) are
 -- work the crawl already has, not new discoveries: a batch of only those (with items

@@ -34,6 +34,7 @@ KEYS[15] lane_limits HASH lane -> its own most in flight (lib/lanes.lua)
 KEYS[16] control  HASH   fleet orders; field close_reason: a fleet-wide limit was hit
 KEYS[17] lane_pages HASH  lane -> requests leased (REDISSPINE_HOST_PAGE_LIMIT's count)
 KEYS[18] group_busy HASH  lane -> the politeness group's requests in flight (lib/lanes.lua)
+KEYS[19] lane_throttle HASH lane -> its AutoThrottle delay (ms; lib/throttle.lua)
 
 ARGV[1]  epoch        the caller's crawl epoch ("": a tool, no check; lib/crawl.lua)
 ARGV[2]  owner        worker id
@@ -45,6 +46,16 @@ ARGV[6]  lane_page_limit  most requests one lane leases in all (REDISSPINE_HOST_
                       fleet-wide; 0: no limit, and lane_pages is not written)
 ARGV[7]  recheck_ms   when a due lane's slots are all held by other crawls of the
                       politeness group: in how many ms to look at it again
+ARGV[8]  n_acks       number of acks that follow (acks that carry no items)
+ARGV[9 .. 12]         AutoThrottle: target concurrency (0: off), start, min and max
+                      delay (ms), as enqueue.lua's ARGV[10 .. 13]
+ARGV[13 ..]           the acks, groups of 7 as in enqueue.lua (n_items always 0)
+
+Acks. A worker whose finished requests yielded nothing to queue (a leaf page, or
+only links it knew were seen) sends their acks here, not in an enqueue call of
+their own: they are applied first (lib/acks.lua), exactly as enqueue.lua applies
+them, so their lanes are free (and resting) before this lease looks for due lanes,
+and a round trip costs Redis one script call instead of two.
 
 Politeness groups (lib/lanes.lua): a lane's slots (group_busy) and rest (host_next)
 are shared by the crawls of a group; `hosts` and `busy` are this crawl's. A due lane
@@ -70,18 +81,21 @@ A count that is no number is dropped and repaired (lib/numbers.lua): the lane
 starts again from 0.
 
 Returns { members, token, requeued, delays, queued, inflight, malformed, wait_ms,
-close_reason, repairs, page_limited }: the leased queue members, their fencing
+close_reason, repairs, page_limited, acked, throttled }: the leased queue members, their fencing
 token, how often each was requeued before, each lane's learned Crawl-delay ("" if
 none; else a number as text), how many requests stay queued and in flight
 fleet-wide, how many malformed members went to the dead letters, in how many ms the
 next lane becomes due (-1: none scheduled), the fleet's close order ("" if none),
 the values of crawl keys repaired (lib/numbers.lua), and how many queued requests
-the per-lane page limit dropped (lib/pagelimit.lua). The arrays members, requeued and delays always have the same length.
+the per-lane page limit dropped (lib/pagelimit.lua), how many of the acks were
+applied and their AutoThrottle samples (enqueue.lua's acked and throttled). The
+arrays members, requeued and delays always have the same length.
 
 Every key is read, or its type checked (lib/keytypes.lua), before the writes that
 lease: a key of the wrong type fails the script before a request left the queue.
-Only bookkeeping that is right on its own may come first (a lane's schedule fixed, a
-malformed member dead-lettered).
+Only bookkeeping that is right on its own may come first (the acks, which are
+checked the same way before their own writes; a lane's schedule fixed, a malformed
+member dead-lettered).
 ]]
 -- #include clock
 -- #include crawl
@@ -94,15 +108,22 @@ malformed member dead-lettered).
 -- #include pagelimit
 -- #include group
 -- #include hashed
+-- #include acks
+-- #include throttle
 local queue, inflight, leases, stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local dead, seq, owned, requeues = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local hosts, busy, backlog, host_next, host_delay = KEYS[9], KEYS[10], KEYS[11], KEYS[12], KEYS[13]
 local record = KEYS[14]
 local lane_limits, control, lane_pages = KEYS[15], KEYS[16], KEYS[17]
 local group_busy = KEYS[18]
+local lane_throttle = KEYS[19]
 local epoch, owner, count, concurrency = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local page_budget, lane_page_limit = tonumber(ARGV[5]), tonumber(ARGV[6])
 local recheck_ms = tonumber(ARGV[7])
+local n_acks = tonumber(ARGV[8])
+local FIRST_ACK = 13
+throttle_init(lane_throttle, tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11]),
+              tonumber(ARGV[12]))
 local refused = crawl_refusal(record, epoch)
 if refused then
     return refused -- the crawl is gone: write nothing
@@ -124,6 +145,13 @@ end
 local now_ms = clock_ms()
 lanes_init(queue, hosts, busy, backlog, host_next, concurrency, now_ms, lane_limits,
            group_busy)
+acks_init(inflight, leases, owned, requeues)
+for i = FIRST_ACK + 3, FIRST_ACK + 7 * n_acks - 1, 7 do
+    if ARGV[i] ~= "0" then
+        error("lease: an ack sent with a lease carries no items (enqueue.lua takes those)")
+    end
+end
+local acked, throttled = acks_apply(ARGV, FIRST_ACK, n_acks, owner, #ARGV + 1, {})
 
 local members, requeued, delays = {}, {}, {}
 -- Usually both are empty: checked once per call (then one HMGET each, see below).
@@ -460,6 +488,9 @@ end
 if #members > 0 then
     stats_add(stats, "leased", #members)
 end
+if acked > 0 then
+    stats_add(stats, "acked", acked)
+end
 if malformed > 0 then
     stats_add(stats, "dead_lettered", malformed)
 end
@@ -473,4 +504,4 @@ if next_lane[2] then
 end
 return { members, token, requeued, delays, lists_size(queue),
          redis.call("HLEN", inflight), malformed, wait_ms, close_reason, numbers_repairs(),
-         page_limited }
+         page_limited, acked, throttled }
