@@ -538,3 +538,15 @@ def test_the_plain_path_knows_this_scrapy_s_request_fields() -> None:
     assert request_codec_module._PLAIN_FIELDS_KNOWN
     assert set(request_codec_module._PLAIN_FIELDS) == set(Request.attributes)
     assert set(request_codec_module._PLAIN_FIELDS) == {"url", *request_codec_module._DEFAULTS}
+
+
+def test_encoding_a_plain_request_makes_no_headers_for_it(codec: RequestCodec) -> None:
+    """Recent Scrapy makes a request's Headers on first access: the encode does not
+    (it found them empty by making them, for every request, and the local request
+    cache kept them). A Scrapy that makes them at once has them either way."""
+    request = Request("http://example.com/p")
+    lazy = getattr(request, "_headers", "made at once") is None
+    assert codec.encode(request) == b"http://example.com/p"
+    assert getattr(request, "_headers", None) is None or not lazy
+    request.headers["X-Made"] = "1"
+    assert codec.decode(codec.encode(request)).headers[b"X-Made"] == b"1"
