@@ -65,7 +65,8 @@ MARKS: dict[str, list[tuple[str, str]]] = {
     "lease": [
         ("local queue, inflight, leases, stats = KEYS[1]", "libraries"),
         ("local now_ms = clock_ms()", "refusal, close order, page budget"),
-        ("local members, requeued, delays = {}, {}, {}", "clock, lanes_init"),
+        ("acks_init(inflight, leases, owned, requeues)\nfor i", "clock, lanes_init"),
+        ("local members, requeued, delays = {}, {}, {}", "acks (none: this workload acks apart)"),
         ("-- Every member has score 0", "key_exists x2, local functions"),
         ("if count > 0 then\n    local due", "ZCOUNT x2 (odd scores)"),
         ("    local recount = lease_picked(pick(due))", "ZRANGEBYSCORE due lanes"),
@@ -88,7 +89,7 @@ MARKS: dict[str, list[tuple[str, str]]] = {
     "enqueue": [
         ("local queue, seq, starts = KEYS[1]", "libraries"),
         ("local n_requests = (#ARGV - first_request + 1) / 5", "arguments, refusal"),
-        ("-- Acks: one HMGET for all entries", "key checks"),
+        ("-- Acks (lib/acks.lua)", "key checks"),
         ("-- Start requests and requests that skip dedup", "acks"),
         ("-- Items: after the acks' writes", "full-Redis path"),
         ("local statuses = {}", "items"),

@@ -277,7 +277,10 @@ for i = 0, backlog_cap > 0 and n_requests - 1 or -1 do
     end
 end
 
-if #to_add > 0 then
+-- The batch's new requests into the queue, and their lanes' counts. A function of
+-- its own: its locals would take this main chunk past Lua's 200 (the libraries'
+-- count there too).
+local function queue_added()
     -- Each (lane, priority)'s requests go onto its list in one push (lib/lists.lua)
     -- once the lane holds `lists_from` requests, or its list exists; before, and
     -- when a list's key holds another type, they go to the queue ZSET as members.
@@ -339,6 +342,10 @@ if #to_add > 0 then
     end
     lanes_update(grown, nil, added, nil, true) -- a lane already due keeps its turn
     stats_add(stats, "enqueued", #to_add)
+end
+
+if #to_add > 0 then
+    queue_added()
 end
 local filtered = n_requests - #to_add
 if filtered > 0 then

@@ -37,13 +37,15 @@ update per lane (its slots and its rest) however many of its leases end here.
 -- #include keytypes
 -- #include throttle
 local ACKS_SIZE = 7
-local acks_inflight, acks_leases, acks_owned, acks_requeues
+-- One table, not a local per key: enqueue.lua's main chunk is near Lua's 200 locals.
+local acks_keys = {}
 
 local function acks_init(inflight, leases, owned, requeues)
     if not (inflight and leases and owned and requeues) then
         error("acks_init: a key is missing")
     end
-    acks_inflight, acks_leases, acks_owned, acks_requeues = inflight, leases, owned, requeues
+    acks_keys.inflight, acks_keys.leases = inflight, leases
+    acks_keys.owned, acks_keys.requeues = owned, requeues
 end
 
 local function acks_apply(argv, argv_at, n_acks, owner, item_at, items_due)
@@ -51,13 +53,13 @@ local function acks_apply(argv, argv_at, n_acks, owner, item_at, items_due)
         return 0, {}, 0
     end
     -- Usually empty: checked once (then one HDEL of the acked keys).
-    local any_requeues = key_exists(acks_requeues, "hash")
-    keys_expect(acks_leases, "zset", acks_owned, "zset") -- the lanes' HASHes: read below
+    local any_requeues = key_exists(acks_keys.requeues, "hash")
+    keys_expect(acks_keys.leases, "zset", acks_keys.owned, "zset") -- the lanes' HASHes: read below
     local ack_keys = {}
     for i = argv_at, argv_at + ACKS_SIZE * (n_acks - 1), ACKS_SIZE do
         ack_keys[#ack_keys + 1] = argv[i]
     end
-    local entries = hmget_in_chunks(acks_inflight, ack_keys)
+    local entries = hmget_in_chunks(acks_keys.inflight, ack_keys)
     local done_keys, done_owned = {}, {}
     local lanes_done, released, freed, rests, samples = {}, {}, {}, {}, {}
     local credits = {} -- lane -> the smallest elapsed (ms) of its acks here
@@ -102,11 +104,11 @@ local function acks_apply(argv, argv_at, n_acks, owner, item_at, items_due)
     if #done_keys > 0 then
         local lanes_before = lanes_read(lanes_done) -- before the first write
         local delays_before = throttle_read(lanes_done)
-        call_in_chunks("HDEL", acks_inflight, done_keys) -- no "denyoom" command: see lease.lua
-        call_in_chunks("ZREM", acks_leases, done_keys)
-        call_in_chunks("ZREM", acks_owned, done_owned)
+        call_in_chunks("HDEL", acks_keys.inflight, done_keys) -- no "denyoom" command: see lease.lua
+        call_in_chunks("ZREM", acks_keys.leases, done_keys)
+        call_in_chunks("ZREM", acks_keys.owned, done_owned)
         if any_requeues then
-            call_in_chunks("HDEL", acks_requeues, done_keys)
+            call_in_chunks("HDEL", acks_keys.requeues, done_keys)
         end
         throttled = throttle_write(lanes_done, delays_before, samples, rests, credits)
         lanes_write(lanes_done, lanes_before, freed, nil, rests, false)
