@@ -17,7 +17,7 @@ from tests.integration.crawlproc import cluster_keys
 from tests.integration.test_cluster_e2e import crawl_ids_away_from_registry
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Iterator, Sequence
 
     import redis
 
@@ -84,6 +84,30 @@ def test_acks_free_their_lane_before_the_lease_of_the_same_call(
     assert not isinstance(sent, Exception)
     assert (sent.acked, sent.enqueued) == (1, 1)
     assert [lease.payload for lease in batch.leases] == [b"a2"]
+
+
+def test_acks_that_bring_nothing_go_in_the_lease_s_own_call(
+    client: redis.Redis, keys: CrawlKeys
+) -> None:
+    # The cluster client runs a batch's scripts one by one: acks alone ride in the
+    # lease's script, one round trip instead of two, and still free their lane first.
+    frontier = _frontier(client, keys)
+    frontier.enqueue([NewRequest(b"d1", b"fp-d1", lane="d"), NewRequest(b"d2", b"fp-d2",
+                                                                       lane="d")])
+    [first] = frontier.lease(5).leases
+    calls: list[str] = []
+    one_by_one = frontier._one_by_one
+
+    def counted(call: tuple[str, Sequence[str], Sequence[bytes | str | int]]) -> object:
+        calls.append(call[0])
+        return one_by_one(call)
+
+    frontier._one_by_one = counted  # type: ignore[method-assign,assignment]
+    sent, batch = frontier.enqueue_and_lease([], [(first.key, first.token)], 5)
+    assert calls == ["lease"]
+    assert not isinstance(sent, Exception)
+    assert sent.acked == 1
+    assert [lease.payload for lease in batch.leases] == [b"d2"]
 
 
 def test_scripts_load_again_on_the_crawls_master_after_a_script_flush(
