@@ -81,14 +81,14 @@ A count that is no number is dropped and repaired (lib/numbers.lua): the lane
 starts again from 0.
 
 Returns { members, token, requeued, delays, queued, inflight, malformed, wait_ms,
-close_reason, repairs, page_limited, acked, throttled }: the leased queue members, their fencing
-token, how often each was requeued before, each lane's learned Crawl-delay ("" if
-none; else a number as text), how many requests stay queued and in flight
-fleet-wide, how many malformed members went to the dead letters, in how many ms the
-next lane becomes due (-1: none scheduled), the fleet's close order ("" if none),
-the values of crawl keys repaired (lib/numbers.lua), and how many queued requests
-the per-lane page limit dropped (lib/pagelimit.lua), how many of the acks were
-applied and their AutoThrottle samples (enqueue.lua's acked and throttled). The
+close_reason, repairs, page_limited, acked, throttled }: the leased queue members,
+their fencing token, how often each was requeued before, each lane's learned
+Crawl-delay ("" if none; else a number as text), how many requests stay queued and
+in flight fleet-wide, how many malformed members went to the dead letters, in how
+many ms the next lane becomes due (-1: none scheduled), the fleet's close order (""
+if none), the values of crawl keys repaired (lib/numbers.lua), how many queued
+requests the per-lane page limit dropped (lib/pagelimit.lua), how many of the acks
+were applied and their AutoThrottle samples (enqueue.lua's acked and throttled). The
 arrays members, requeued and delays always have the same length.
 
 Every key is read, or its type checked (lib/keytypes.lua), before the writes that
@@ -146,7 +146,7 @@ local now_ms = clock_ms()
 lanes_init(queue, hosts, busy, backlog, host_next, concurrency, now_ms, lane_limits,
            group_busy)
 acks_init(inflight, leases, owned, requeues)
-for i = FIRST_ACK + 3, FIRST_ACK + 7 * n_acks - 1, 7 do
+for i = FIRST_ACK + 3, FIRST_ACK + ACKS_SIZE * n_acks - 1, ACKS_SIZE do
     if ARGV[i] ~= "0" then
         error("lease: an ack sent with a lease carries no items (enqueue.lua takes those)")
     end
