@@ -10,7 +10,10 @@ Includes nothing. Needs nothing: the keys are arguments.
 key_exists(key, type) -> whether the key exists, for a type of "hash", "zset",
     "set", "string" or "stream" (a STRING holding "" counts as absent); a key that exists
     with another type fails the script, naming it.
-keys_expect(key, type, key, type ...): key_exists of each.
+keys_expect(key, type, key, type ...): key_exists of each, once per key and type in a
+    script call (a lease that carries acks checks leases and owned for both: the
+    script itself only ever writes a key with its own type, and nothing else runs
+    in between).
 
 The check is the type's O(1) length command (HLEN, ZCARD, SCARD, STRLEN, XLEN): an integer
 reply, cheaper than TYPE's status reply, and as cheap as EXISTS.
@@ -28,9 +31,15 @@ local function key_exists(key, expected)
     return length > 0
 end
 
+local keytypes_checked = {} -- key -> the type keys_expect found it of (or absent)
+
 local function keys_expect(...)
     local expected = { ... }
     for i = 1, #expected, 2 do
-        key_exists(expected[i], expected[i + 1])
+        local key, kind = expected[i], expected[i + 1]
+        if keytypes_checked[key] ~= kind then
+            key_exists(key, kind)
+            keytypes_checked[key] = kind
+        end
     end
 end
