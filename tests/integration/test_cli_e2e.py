@@ -91,7 +91,10 @@ def test_pause_stops_fetching_and_resume_finishes(
     assert_finished(results)
     assert_exactly_once(site)
     for result in results:
-        assert "redisspine: fleet orders now paused" in result.log
+        # A worker slow to start (a loaded machine: once, 5 s) joins the crawl paused
+        # and says so at its join; the others see the order come in.
+        assert ("redisspine: fleet orders now paused" in result.log
+                or "redisspine: fleet orders at join: paused" in result.log), result.log[-3000:]
         assert "redisspine: fleet orders now resumed" in result.log
         assert "Orders(" not in result.log
         assert "DEBUG: Operation failed" not in result.log, "redis-py's DEBUG noise"
