@@ -628,9 +628,8 @@ def test_a_call_waiting_when_redis_restarts_fails_at_once(
     io.submit("lease", lambda: client.blpop(["nothing"], 3), outcomes.done, outcomes.failed)
     # Restart only once Redis holds the call: restarted sooner, the call would connect
     # to the new server and rightly wait out its 3 s (a loaded CI machine did that).
-    watcher = redis.Redis.from_url(own_server.url)
-    run_until(loop, lambda: int(watcher.info("clients")["blocked_clients"]) == 1)
-    watcher.close()
+    with redis.Redis.from_url(own_server.url) as watcher:
+        run_until(loop, lambda: int(watcher.info("clients")["blocked_clients"]) == 1)
     own_server.restart()  # its connection closes under the parked call
     started = time.monotonic()
     run_until(loop, lambda: bool(outcomes.got))
