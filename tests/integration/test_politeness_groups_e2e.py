@@ -93,7 +93,12 @@ def test_two_crawls_of_one_group_keep_every_hosts_delay_with_no_overlap(
     first, second = _two_crawls(fleet, site, DOWNLOAD_DELAY=delay)
     results, gaps = _run_both(fleet, site, first, second)
     _assert_polite(gaps, delay)
-    assert all(r.stats.get("downloader/request_count", 0) > 0 for r in results)
+    # Several workers of each crawl fetched, so the gaps held between workers, not
+    # only within one. (Not all three: a worker that a loaded machine started after
+    # its crawl's ~4 s of pages were taken rightly fetched none; seen at -n 4.)
+    for crawl in (results[:3], results[3:]):
+        fetched = [r.stats.get("downloader/request_count", 0) for r in crawl]
+        assert sum(1 for n in fetched if n > 0) >= 2, f"pages per worker: {fetched}"
 
 
 def test_two_crawls_of_different_groups_do_not_share_a_budget(

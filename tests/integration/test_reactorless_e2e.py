@@ -75,7 +75,9 @@ def test_reactorless_fleet_keeps_every_hosts_delay(
     fleet: Fleet, site_factory: SiteFactory
 ) -> None:
     delay = 0.4
-    site = site_factory(hosts=3, pages_per_host=6, fanout=3, latency=0.05)
+    # ~4 s of pages a host: long enough for the second worker, however late a loaded
+    # machine starts it, to find some left (it must fetch, see the end)
+    site = site_factory(hosts=3, pages_per_host=10, fanout=3, latency=0.05)
     results = fleet.run(2, _settings(fleet, site, DOWNLOAD_DELAY=delay))
     assert_finished(results)
     _assert_reactorless(results)
