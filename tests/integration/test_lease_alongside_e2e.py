@@ -25,6 +25,7 @@ import pytest
 
 from tests.integration.alongside_driver import urls
 from tests.integration.crawlproc import (
+    UNHURRIED,
     assert_all_fetched,
     assert_exactly_once,
     assert_finished,
@@ -118,8 +119,6 @@ WIDE = {"CONCURRENT_REQUESTS": 64, "REDISSPINE_HOST_CONCURRENCY": 4,
         "REDISSPINE_LEASE_BATCH_SIZE": 4, "TESTPROJECT_REDIS_NEAR": True,
         "REDISSPINE_HEARTBEAT_SECONDS": 0.3, "REDISSPINE_WORKER_TIMEOUT_SECONDS": 1.5,
         "REDISSPINE_SWEEP_SECONDS": 0.3}
-# For a crawl in which no worker dies: no presumed death on a machine slowed down.
-UNHURRIED = {"REDISSPINE_WORKER_TIMEOUT_SECONDS": 15}
 
 
 @pytest.mark.e2e

@@ -19,6 +19,7 @@ from scrapy_redisspine.connection import client_from_url
 from scrapy_redisspine.keys import CrawlKeys
 from scrapy_redisspine.testing.redis_cluster import ClusterServers
 from tests.integration.crawlproc import (
+    UNHURRIED,
     Fleet,
     assert_all_fetched,
     assert_exactly_once,
@@ -185,9 +186,7 @@ def test_closespider_pagecount_holds_fleet_wide_over_shards(
     site = site_factory(hosts=6, pages_per_host=40, latency=0.1)
     settings = fleet.crawling(site, REDISSPINE_SHARDS=3, CLOSESPIDER_PAGECOUNT=budget,
                               CONCURRENT_REQUESTS=4, REDISSPINE_HOST_CONCURRENCY=2,
-                              # nobody dies here: a worker a loaded machine starved for
-                              # 1.5 s would be taken for dead and its pages leased again
-                              REDISSPINE_WORKER_TIMEOUT_SECONDS=15)
+                              **UNHURRIED)  # nobody dies here
     results = fleet.run(3, settings, timeout=120)
     assert_finished(results, reason="closespider_pagecount")
     keys = _sharded(fleet.keys, 3)
