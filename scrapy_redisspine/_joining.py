@@ -60,8 +60,8 @@ FAILED_REASONS = frozenset({
 })
 
 
-#: How long a worker's join rides through a cluster failing over or resharding
-#: before it refuses (a replica is promoted within the cluster's node timeout).
+#: How long a worker's join rides through a restart, a failover or a reshard under
+#: way before it refuses (a replica is promoted within the cluster's node timeout).
 JOIN_RIDE_SECONDS = 30.0
 
 
@@ -175,9 +175,10 @@ def _register(config: SpineConfig, connection: WorkerConnection, frontier: AnyFr
 
 
 def _riding(connection: WorkerConnection, call: Callable[[], T]) -> T:
-    """``call()``, riding through what a Redis Cluster (or a Sentinel's primary) says
-    while it fails over or reshards, for up to :data:`JOIN_RIDE_SECONDS`: a worker
-    started in that moment waits, as running workers do, instead of exiting.
+    """``call()``, riding through a server that went away after it answered this
+    worker (a restart, a failover) and what a Redis Cluster (or a Sentinel's primary)
+    says while it fails over or reshards, for up to :data:`JOIN_RIDE_SECONDS`: a
+    worker started in that moment waits, as running workers do, instead of exiting.
     Anything else refuses at once."""
     deadline = time.monotonic() + JOIN_RIDE_SECONDS
     delay, warned = 0.1, False
@@ -191,19 +192,36 @@ def _riding(connection: WorkerConnection, call: Callable[[], T]) -> T:
             if not warned:
                 warned = True
                 logger.warning(
-                    "redisspine: %s while joining (%s: %s); a cluster failing over or "
-                    "resharding says so: retrying for up to %.0f s",
+                    "redisspine: %s while joining (%s: %s); a restart, a failover or a "
+                    "reshard under way says so: retrying for up to %.0f s",
                     connection.description, type(exc).__name__, exc, JOIN_RIDE_SECONDS)
             time.sleep(delay)
             delay = min(2 * delay, 2.0)
 
 
+#: redis-py's ConnectionErrors that say the credentials were refused, not that the
+#: server went away (``ExternalAuthProviderError`` only in redis-py 6+).
+_REFUSED_CREDENTIALS: tuple[type[Exception], ...] = tuple(
+    getattr(redis.exceptions, name)
+    for name in ("AuthenticationError", "AuthorizationError", "ExternalAuthProviderError")
+    if hasattr(redis.exceptions, name)
+)
+
+
 def _passing(exc: Exception) -> bool:
-    """Does ``exc`` come from a failover or a reshard under way (not from a server that
-    is down, a wrong password or URL)? Cluster redirections and retries that ran out
-    (``TRYAGAIN``, ``ASK``, ``CLUSTERDOWN``, a slot no master serves yet, redis-py's
-    "TTL exhausted"), a primary turned replica, a Sentinel with no primary yet."""
+    """Does ``exc`` come from a restart, a failover or a reshard under way, not from a
+    wrong URL or password? Called only once this worker's connection answered
+    (``_connect`` pings), so a connection lost, refused or timing out since means the
+    server went away under the join (a restart: "Connection closed by server", then
+    refused, then ``LOADING`` while it reads its AOF; a failover), as it would under a
+    running worker, which rides it too. A password refused on reconnecting is no
+    outage. Also cluster redirections and retries that ran out (``TRYAGAIN``, ``ASK``,
+    ``CLUSTERDOWN``, a slot no master serves yet, redis-py's "TTL exhausted"), a
+    primary turned replica, a Sentinel with no primary yet."""
+    if isinstance(exc, _REFUSED_CREDENTIALS):
+        return False
     return isinstance(exc, (
+        redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
         redis.exceptions.ClusterError, redis.exceptions.TryAgainError,
         redis.exceptions.AskError, redis.exceptions.RedisClusterException,
         redis.exceptions.ReadOnlyError, MasterNotFoundError,

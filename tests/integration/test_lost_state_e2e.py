@@ -13,6 +13,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import pytest
+import redis
 
 from scrapy_redisspine.keys import CrawlKeys
 from scrapy_redisspine.testing.redis_server import RedisServer
@@ -21,8 +22,6 @@ from tests.integration.crawlproc import start_workers, wait_workers, worker_env
 if TYPE_CHECKING:
     from collections.abc import Callable
     from pathlib import Path
-
-    import redis
 
     from scrapy_redisspine.testing.site import TestSite
     from tests.integration.crawlproc import WorkerResult
@@ -81,12 +80,18 @@ def test_redis_restarted_empty_mid_crawl_is_never_finished(
         settings = {**crawl_settings, **FAST, "REDISSPINE_REDIS_URL": server.url,
                     "LINKS_START_URLS": ",".join(site.start_urls())}
         workers = start_workers(project_dir, "links", 3, settings, log_dir=worker_log_dir)
+        keys = CrawlKeys("redisspine", settings["REDISSPINE_CRAWL_ID"])
+        # all three in the crawl before its state goes: a worker still joining would
+        # ride the restart and start the crawl afresh on the empty server, as a worker
+        # started a moment later does
+        watcher = server.client()
+        _wait_for(lambda: watcher.zcard(keys.workers) == 3, 60, "three workers joined")
+        watcher.close()
         _wait_for(lambda: len(site.requests()) >= 20, 30, "the crawl to get going")
         server.restart()
         results = wait_workers(workers, timeout=120)
         client = server.client()
         try:
-            keys = CrawlKeys("redisspine", settings["REDISSPINE_CRAWL_ID"])
             left = _crawl_keys(client, keys)
         finally:
             client.close()
@@ -102,6 +107,11 @@ def test_purge_under_live_workers_says_purged(
     site = site_factory(hosts=3, pages_per_host=40, latency=0.05)
     settings = {**crawl_settings, **FAST, "LINKS_START_URLS": ",".join(site.start_urls())}
     workers = start_workers(project_dir, "links", 2, settings, log_dir=worker_log_dir)
+    keys = CrawlKeys("redisspine", settings["REDISSPINE_CRAWL_ID"])
+    watcher = redis.Redis.from_url(redis_url)
+    # both in the crawl before it is purged (one joining after would start it afresh)
+    _wait_for(lambda: watcher.zcard(keys.workers) == 2, 60, "both workers joined")
+    watcher.close()
     _wait_for(lambda: len(site.requests()) >= 20, 30, "the crawl to get going")
     purged = subprocess.run(
         [sys.executable, "-m", "scrapy_redisspine.cli", "--redis-url", redis_url,
