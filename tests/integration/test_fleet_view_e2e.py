@@ -98,7 +98,9 @@ def assert_metrics_match(got: dict[Any, float], status: dict[str, Any]) -> None:
 def test_metrics_over_http_match_status_json(
     fleet: Fleet, site_factory: SiteFactory, redis_url: str, serve: Any
 ) -> None:
-    site = site_factory(hosts=3, pages_per_host=30, latency=0.05)
+    # ~6 s of pages: the pause (a CLI process to start) must land mid-crawl (at
+    # pytest -n 4 the crawl of 0.05-s pages was once over before it)
+    site = site_factory(hosts=3, pages_per_host=30, latency=0.2)
     crawl = fleet.keys.crawl_id
     workers = fleet.start(2, fleet.crawling(site, **FAST))
     try:
@@ -146,7 +148,7 @@ def test_dashboard_in_a_real_browser_shows_the_numbers_of_status(
     fleet: Fleet, site_factory: SiteFactory, redis_url: str, serve: Any, tmp_path: Path
 ) -> None:
     browser.chromium()  # fails now, with how to install it, if there is none
-    site = site_factory(hosts=3, pages_per_host=60, latency=0.05)
+    site = site_factory(hosts=3, pages_per_host=60, latency=0.1)  # paused mid-crawl
     crawl = fleet.keys.crawl_id
     workers = fleet.start(2, fleet.crawling(site, **FAST, DOWNLOAD_DELAY=0.2))
     try:
