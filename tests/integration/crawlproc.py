@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import redis
+
 import scrapy_redisspine
 from scrapy_redisspine.keys import DEFAULT_GROUP, CrawlKeys
 
@@ -345,3 +347,15 @@ def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"not in {timeout:.0f}s: {what}")
         time.sleep(0.02)
+
+
+def wait_joined(redis_url: str, keys: CrawlKeys, workers: int, timeout: float = 60) -> None:
+    """Wait until ``workers`` workers are in the crawl's ``workers``: before a fault
+    that is about the crawl's state (a restart, a purge), so that no worker is still
+    joining when it strikes (a join rides a restart and joins what it finds)."""
+    client = redis.Redis.from_url(redis_url)
+    try:
+        wait_for(lambda: client.zcard(keys.workers) == workers, timeout,
+                 f"{workers} worker(s) joined")
+    finally:
+        client.close()

@@ -19,6 +19,7 @@ from tests.integration.crawlproc import (
     assert_all_fetched,
     assert_finished,
     wait_for,
+    wait_joined,
     wait_workers,
 )
 
@@ -173,11 +174,7 @@ def test_redis_restart_with_aof_mid_crawl(fleet: Fleet, site_factory: SiteFactor
     with RedisServer(appendonly=True) as server:
         settings = _settings(fleet, site, REDISSPINE_REDIS_URL=server.url, CONCURRENT_REQUESTS=4)
         workers = fleet.start(2, settings)
-        client = server.client()
-        # both in the crawl before it restarts (a worker still joining rides it too:
-        # tests/unit/test_join_rides.py; this is about the crawl's state)
-        wait_for(lambda: client.zcard(fleet.keys.workers) == 2, 60, "both workers joined")
-        client.close()
+        wait_joined(server.url, fleet.keys, 2)  # a joining worker rides it: test_join_rides.py
         wait_for(lambda: len(site.requests()) >= 20, 30, "the crawl to get going")
         server.restart()
         results = wait_workers(workers, timeout=120)
@@ -199,9 +196,8 @@ def test_many_hosts_lose_nothing_through_a_redis_restart_and_a_killed_worker(
         backlog = fleet.keys.backlog
         settings = _settings(fleet, site, REDISSPINE_REDIS_URL=server.url, CONCURRENT_REQUESTS=8)
         victim, survivor = fleet.start(2, settings)
-        # both in the crawl before it restarts (at -n 4 the survivor was once still
-        # joining then: a join rides a restart now, tests/unit/test_join_rides.py)
-        wait_for(lambda: client.zcard(fleet.keys.workers) == 2, 60, "both workers joined")
+        # (at -n 4 the survivor was once still joining when Redis restarted)
+        wait_joined(server.url, fleet.keys, 2)
         wait_for(lambda: len(site.requests()) >= 40, 30, "the crawl to get going")
         wait_for(lambda: client.object("encoding", backlog) == b"hashtable", 10,
                  "the backlog of 24 lanes hashed")

@@ -13,15 +13,22 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import pytest
-import redis
 
 from scrapy_redisspine.keys import CrawlKeys
 from scrapy_redisspine.testing.redis_server import RedisServer
-from tests.integration.crawlproc import start_workers, wait_workers, worker_env
+from tests.integration.crawlproc import (
+    start_workers,
+    wait_for,
+    wait_joined,
+    wait_workers,
+    worker_env,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable
     from pathlib import Path
+
+    import redis
 
     from scrapy_redisspine.testing.site import TestSite
     from tests.integration.crawlproc import WorkerResult
@@ -34,14 +41,6 @@ FAST = {
     "REDISSPINE_SWEEP_SECONDS": 0.3,
     "CONCURRENT_REQUESTS": 4,
 }
-
-
-def _wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 def _ended_with(results: list[WorkerResult], reason: str, said: str) -> None:
@@ -81,13 +80,10 @@ def test_redis_restarted_empty_mid_crawl_is_never_finished(
                     "LINKS_START_URLS": ",".join(site.start_urls())}
         workers = start_workers(project_dir, "links", 3, settings, log_dir=worker_log_dir)
         keys = CrawlKeys("redisspine", settings["REDISSPINE_CRAWL_ID"])
-        # all three in the crawl before its state goes: a worker still joining would
-        # ride the restart and start the crawl afresh on the empty server, as a worker
-        # started a moment later does
-        watcher = server.client()
-        _wait_for(lambda: watcher.zcard(keys.workers) == 3, 60, "three workers joined")
-        watcher.close()
-        _wait_for(lambda: len(site.requests()) >= 20, 30, "the crawl to get going")
+        # a worker still joining would ride the restart and start the crawl afresh on
+        # the empty server, as a worker started a moment later does
+        wait_joined(server.url, keys, 3)
+        wait_for(lambda: len(site.requests()) >= 20, 30, "the crawl to get going")
         server.restart()
         results = wait_workers(workers, timeout=120)
         client = server.client()
@@ -107,12 +103,9 @@ def test_purge_under_live_workers_says_purged(
     site = site_factory(hosts=3, pages_per_host=40, latency=0.05)
     settings = {**crawl_settings, **FAST, "LINKS_START_URLS": ",".join(site.start_urls())}
     workers = start_workers(project_dir, "links", 2, settings, log_dir=worker_log_dir)
-    keys = CrawlKeys("redisspine", settings["REDISSPINE_CRAWL_ID"])
-    watcher = redis.Redis.from_url(redis_url)
-    # both in the crawl before it is purged (one joining after would start it afresh)
-    _wait_for(lambda: watcher.zcard(keys.workers) == 2, 60, "both workers joined")
-    watcher.close()
-    _wait_for(lambda: len(site.requests()) >= 20, 30, "the crawl to get going")
+    # (one joining after the purge would start the crawl afresh)
+    wait_joined(redis_url, CrawlKeys("redisspine", settings["REDISSPINE_CRAWL_ID"]), 2)
+    wait_for(lambda: len(site.requests()) >= 20, 30, "the crawl to get going")
     purged = subprocess.run(
         [sys.executable, "-m", "scrapy_redisspine.cli", "--redis-url", redis_url,
          "purge", settings["REDISSPINE_CRAWL_ID"], "--yes"],
@@ -170,7 +163,7 @@ def test_a_redis_frozen_past_the_timeout_is_no_death_of_its_workers(
         settings = {**crawl_settings, **FAST, "REDISSPINE_REDIS_URL": server.url,
                     "LINKS_START_URLS": ",".join(site.start_urls())}
         workers = start_workers(project_dir, "links", 2, settings, log_dir=worker_log_dir)
-        _wait_for(lambda: len(site.requests()) >= 15, 30, "the crawl to get going")
+        wait_for(lambda: len(site.requests()) >= 15, 30, "the crawl to get going")
         assert server.pid is not None
         os.kill(server.pid, signal.SIGSTOP)
         time.sleep(3 * FAST["REDISSPINE_WORKER_TIMEOUT_SECONDS"])
