@@ -1,7 +1,12 @@
 """Scheduler micro-benchmark: enqueue, lease and ack N requests, no downloader.
 
 Drives the scheduler objects directly, as Scrapy's engine would, for Scrapy's own
-memory queue (``scrapy``), its disk queue (``scrapy-disk``, a ``JOBDIR``),
+memory queue (``scrapy``: its classic ``ScrapyPriorityQueue``, the issue's baseline),
+its memory queue as a project has it by default since Scrapy 2.14
+(``scrapy-default``: ``DownloaderAwarePriorityQueue``, which asks a real Scrapy
+``Downloader``, standing in for the running engine's, for each request's download
+slot and each slot's active downloads; nothing is downloaded, so none is active),
+its disk queue (``scrapy-disk``, a ``JOBDIR``),
 scrapy-redis's priority queue (``scrapy-redis``, from ``benchmarks/.venv-bench``, see
 ``crawl_compare.py``) and this plugin (``spine``). N requests spread over ~100 hosts
 (``http://h<i % hosts>.example/p/<i>``, all new), all enqueued first, then taken one
@@ -46,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-IMPLS = ("scrapy", "scrapy-disk", "scrapy-redis", "spine")
+IMPLS = ("scrapy", "scrapy-default", "scrapy-disk", "scrapy-redis", "spine")
 REDIS_IMPLS = ("scrapy-redis", "spine")  # the schedulers with a Redis of their own
 SLOTS = 16
 
@@ -59,10 +64,14 @@ def _requests(n: int, hosts: int) -> list[Any]:
 
 def _settings(impl: str, redis_url: str, extra: str, mode: str = "inline") -> dict[str, Any]:
     # Scrapy's default DownloaderAwarePriorityQueue needs a running engine's
-    # downloader; the classic per-priority queue does not.
+    # downloader; the classic per-priority queue does not. ``scrapy-default`` keeps the
+    # default and gets a Downloader (_open), with no download handler to load.
     settings: dict[str, Any] = {"LOG_LEVEL": "ERROR", "TELNETCONSOLE_ENABLED": False,
                                 "SCHEDULER_PRIORITY_QUEUE": "scrapy.pqueues.ScrapyPriorityQueue"}
-    if impl == "scrapy-disk":
+    if impl == "scrapy-default":
+        del settings["SCHEDULER_PRIORITY_QUEUE"]
+        settings["DOWNLOAD_HANDLERS"] = {"http": None, "https": None}
+    elif impl == "scrapy-disk":
         settings["JOBDIR"] = tempfile.mkdtemp(prefix="micro-")
     elif impl == "scrapy-redis":
         settings.update({"REDIS_URL": redis_url,
@@ -215,6 +224,13 @@ def _open(impl: str, redis_url: str, extra: str, mode: str) -> tuple[Any, Any, A
     else:
         from scrapy.core.scheduler import Scheduler as ScrapyScheduler
 
+        if impl == "scrapy-default":
+            from types import SimpleNamespace
+
+            from scrapy.core.downloader import Downloader
+
+            # what DownloaderAwarePriorityQueue reads of the running engine
+            crawler.engine = SimpleNamespace(downloader=Downloader(crawler))
         scheduler = ScrapyScheduler.from_crawler(crawler)
     scheduler.open(spider)
     client = redis.Redis.from_url(redis_url)
@@ -364,21 +380,23 @@ def main() -> int:
     print(f"\nmedians of {args.runs} run(s), N={args.n} over {args.hosts} hosts, "
           f"--mode {args.mode}" + (f", Redis: {args.redis_config}" if args.redis_config else ""))
     print("| scheduler | requests/s (enqueue+lease+ack) | enqueue s | lease+ack s "
-          "| Redis busy in lease+ack | Redis bytes/queued request | vs scrapy |")
-    print("|---|---|---|---|---|---|---|")
-    base = statistics.median(r["requests_per_s"] for r in results.get("scrapy", [{}]) or [{}]) \
-        if "scrapy" in results else None
+          "| Redis busy in lease+ack | Redis bytes/queued request | vs scrapy "
+          "| vs scrapy-default |")
+    print("|---|---|---|---|---|---|---|---|")
+    bases = {name: statistics.median(r["requests_per_s"] for r in results[name])
+             for name in ("scrapy", "scrapy-default") if name in results}
     for impl, runs in results.items():
         rate = statistics.median(r["requests_per_s"] for r in runs)
         memories = [r["redis_bytes_per_request"] for r in runs if r["redis_bytes_per_request"]]
         memory = f"{statistics.median(memories):.0f}" if memories else "-"
-        ratio = f"{rate / base:.2f}" if base else "-"
+        ratio, ratio_default = (f"{rate / bases[name]:.2f}" if name in bases else "-"
+                                for name in ("scrapy", "scrapy-default"))
         shares = [r["redis_cpu_drain_s"] / r["drain_s"] for r in runs
                   if r.get("redis_cpu_drain_s") is not None and r["drain_s"] > 0]
         busy = f"{statistics.median(shares):.0%}" if shares else "-"
         print(f"| {impl} | {rate:,.0f} | {statistics.median(r['enqueue_s'] for r in runs):.3f} "
               f"| {statistics.median(r['drain_s'] for r in runs):.3f} | {busy} | {memory} "
-              f"| {ratio} |")
+              f"| {ratio} | {ratio_default} |")
     for impl, runs in results.items():
         if "commandstats" in runs[-1]:
             print(f"\n{impl}, last run: Redis's most costly commands (calls, µs per call)")

@@ -52,12 +52,17 @@ def test_crawl_benchmark_smoke(mode: str, rtt_ms: float) -> None:
 
 @pytest.mark.e2e
 def test_scheduler_micro_benchmark_smoke() -> None:
-    # every request taken back, through the 1 ms proxy too, and the breakdown adds up
+    # every request taken back (Scrapy's scheduler with its default queue too, which
+    # asks a Downloader for each request's slot), through the 1 ms proxy too, and the
+    # breakdown adds up
     command = [sys.executable, str(ROOT / "benchmarks" / "scheduler_micro.py"),
-               "--impls", "scrapy,spine", "--n", "300", "--runs", "1", "--rtt-ms", "1"]
+               "--impls", "scrapy,scrapy-default,spine", "--n", "300", "--runs", "1",
+               "--rtt-ms", "1"]
     out = subprocess.run(command, check=True, capture_output=True, text=True, timeout=120)
     runs = [json.loads(line) for line in out.stdout.splitlines() if line.startswith('{"run"')]
-    assert {run["impl"] for run in runs} == {"scrapy", "spine", "spine@1ms"}
+    assert {run["impl"] for run in runs} == {"scrapy", "scrapy-default", "spine", "spine@1ms"}
+    assert "| scrapy-default |" in out.stdout
+    assert "vs scrapy-default" in out.stdout
     assert all(run["taken"] == 300 for run in runs), runs
     assert next(run for run in runs if run["impl"] == "spine")["redis_bytes_per_request"] > 0
     assert next(run for run in runs if run["impl"] == "spine")["redis_calls"] == "inline"
