@@ -233,6 +233,9 @@ def _open(impl: str, redis_url: str, extra: str, mode: str) -> tuple[Any, Any, A
             crawler.engine = SimpleNamespace(downloader=Downloader(crawler))
         scheduler = ScrapyScheduler.from_crawler(crawler)
     scheduler.open(spider)
+    queue = type(getattr(scheduler, "mqs", None)).__name__
+    if impl == "scrapy-default" and queue != "DownloaderAwarePriorityQueue":
+        raise SystemExit(f"scrapy-default: Scrapy's default memory queue is {queue} here")
     client = redis.Redis.from_url(redis_url)
 
     def memory_of() -> int:
