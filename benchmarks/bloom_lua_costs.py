@@ -255,6 +255,11 @@ def measure(batch: int, reps: int, calls: int) -> tuple[dict[str, float], float]
             record = Dedup(client, CrawlKeys("bench", name), dedup_params)
             record.open()
             record.maintain()
+            # a working record, or its time means nothing (as _check_layout)
+            fingerprints = batch_of_new()
+            first, again = sum(record.add(fingerprints)), sum(record.add(fingerprints))
+            if again != 0 or not 0 < first <= len(fingerprints):
+                raise SystemExit(f"{name} is no filter: {first} new, then {again} new again")
             per_call[name] = _best_us(client, lambda r=record: r.add(batch_of_new()), reps, calls)
         client.close()
     empty = per_call.pop("empty")

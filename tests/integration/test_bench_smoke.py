@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -187,11 +188,12 @@ def test_bloom_lua_costs_benchmark_smoke(tmp_path: Path) -> None:
     assert set(costs) == {"sadd", "hash_math", "getrange", "setrange", "bitfield_get",
                           "bitfield_set", "word_check", "hash_blocks", "set_check",
                           "bitmap_check", "hash_field_overhead_bytes"}, costs
-    assert costs["word_check"] > 0, costs  # (it checked itself: new, then seen)
-    assert costs["hash_blocks"] > 0, costs  # (so did this layout)
-    assert costs["hash_field_overhead_bytes"] > 0, costs
-    assert costs["bitmap_check"] > 0, costs
-    assert costs["set_check"] > 0, costs
+    # Each layout and record checked itself before it was timed (a batch new, then
+    # seen: the run stops otherwise). The times are differences of two short
+    # timings (a part's and the empty script's), which a loaded machine can bring
+    # to 0 or below: a benchmark's figures, not the smoke run's to assert on.
+    assert all(math.isfinite(value) for value in costs.values()), costs
+    assert costs["hash_field_overhead_bytes"] > 0, costs  # (a size, not a time)
 
 
 def test_lua_profile_benchmark_smoke() -> None:
