@@ -23,6 +23,8 @@ import logging
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+import redis
+
 from scrapy_redisspine._clock import Periodic
 from scrapy_redisspine._guard import CALL_ERRORS
 from scrapy_redisspine._redis_io import InlineIO, reported
@@ -158,6 +160,8 @@ class FleetMember:
         moved = self._primary_seen(after) or moved
         self.queued, self.inflight = counts.queued, counts.inflight
         self.pending = moved or (counts.pending if self._wait_for_first else counts.has_work)
+        if not self.pending:
+            self._check_eviction()
         self.shed = counts.shed
         self.checked_at = self._clock.seconds()
         if counts.close_reason:
@@ -187,6 +191,23 @@ class FleetMember:
                 "starting: nothing to do (REDISSPINE_WAIT_FOR_FIRST_REQUEST = False)",
                 self._frontier.keys.crawl_id,
             )
+
+    def _check_eviction(self) -> None:
+        """A count says the crawl is done: unless a server it lives on may evict its
+        keys, which may have taken work without a word since the memory watch last
+        looked (a policy set under the crawl between two sweeps). Then it is not
+        done, and the worker stops (the guard's ``on_evicting``)."""
+        try:
+            evicting = self._frontier.upkeep.memory().evicting
+        except redis.exceptions.ResponseError:
+            return  # INFO refused (an ACL): the memory watch reports it at each sweep
+        except CALL_ERRORS as exc:
+            self._guard.failed("count", exc)
+            self.pending = True  # not "done" on a count that could not be checked
+            return
+        if evicting:
+            self.pending = True
+            self._guard.server_evicts(evicting)
 
     @property
     def start_noted(self) -> bool:

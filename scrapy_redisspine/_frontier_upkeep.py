@@ -22,7 +22,7 @@ from scrapy_redisspine._results import (
     repairs_of,
     text,
 )
-from scrapy_redisspine.connection import routed_to
+from scrapy_redisspine.connection import evicting_policy, routed_to
 from scrapy_redisspine.control import record_progress
 from scrapy_redisspine.members import (
     execute_reading_counts,
@@ -86,6 +86,17 @@ class DeadLetter:
     reason: str
     lane: str
     payload: bytes
+
+
+@dataclass(frozen=True)
+class MemoryReading:
+    """What ``INFO memory`` says of a server the crawl lives on."""
+
+    used: int  # used_memory, bytes
+    maxmemory: int  # bytes; 0: no limit
+    #: Its ``maxmemory-policy`` when it may evict the crawl's keys, else ""
+    #: (:func:`~scrapy_redisspine.connection.evicting_policy`).
+    evicting: str = ""
 
 
 class ShardedUpkeepFactory(Protocol):
@@ -280,10 +291,12 @@ class FrontierUpkeep:
         now_ms = seconds * 1000 + micros // 1000
         return int(self.client.zcount(self.keys.workers, now_ms - timeout_ms, "+inf"))
 
-    def memory(self) -> tuple[int, int]:
-        """(used_memory, maxmemory) of the server, in bytes (``INFO memory``)."""
+    def memory(self) -> MemoryReading:
+        """What ``INFO memory`` of the server says: its use, its limit, and whether it
+        may evict the crawl's keys."""
         info = self.client.info("memory", **routed_to(self.client, self.keys.queue))
-        return int(info.get("used_memory", 0)), int(info.get("maxmemory", 0))
+        return MemoryReading(int(info.get("used_memory", 0)), int(info.get("maxmemory", 0)),
+                             evicting_policy(info))
 
     def record_progress(self, worker_acks: int, fleet_acks: int) -> None:
         """Add a rate sample (this worker's and the fleet's acks) to ``progress``."""

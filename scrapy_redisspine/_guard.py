@@ -8,6 +8,9 @@ it calls, so one rule decides for all of them:
 - a full Redis (an OOM reply) is not a down one: the worker keeps calling, but stops
   queueing newly discovered requests (``memory_pressure``) until the memory watch
   sees room again;
+- a Redis that may evict the crawl's keys to make room (``maxmemory`` and an
+  ``allkeys-*`` policy) would lose work without a word: the memory watch tells the
+  worker (``on_evicting``), which stops rather than end ``finished`` over it;
 - a script error (a script refused to run, e.g. a key of the wrong type) is not an
   outage either: the other calls go on (heartbeats first of all: holding them back
   would get a live worker swept), only the failing operation backs off;
@@ -112,6 +115,9 @@ class RedisGuard:
         #: worker's any more (lost, purged, started afresh): nothing may write again.
         self.crawl_gone: str | None = None
         self.on_crawl_gone: Callable[[str], None] | None = None
+        #: Called with the policy when the memory watch finds that a server the crawl
+        #: lives on may evict its keys (see ``observe_memory``).
+        self.on_evicting: Callable[[str], None] | None = None
         #: Counts the events after which Redis may lack writes it confirmed (any
         #: error but a full Redis's refusal, a change of primary): what the worker
         #: remembers of Redis's replies (``_seen``) holds only within one era.
@@ -241,9 +247,19 @@ class RedisGuard:
 
     # -- the memory watch ------------------------------------------------------------
 
-    def observe_memory(self, used: int, limit: int) -> None:
+    def server_evicts(self, policy: str) -> None:
+        """A server the crawl lives on may evict its keys (``policy``, its
+        maxmemory-policy): the worker is told (``on_evicting``) and stops."""
+        self._stats.set_value("redisspine/memory/evicting_policy", policy)
+        if self.on_evicting is not None:
+            self.on_evicting(policy)
+
+    def observe_memory(self, used: int, limit: int, evicting: str = "") -> None:
         """Redis uses ``used`` of ``limit`` bytes (0: no limit): shed past 90 %, queue
-        again below 80 %."""
+        again below 80 %. ``evicting``: the maxmemory-policy of a server of the crawl
+        that may evict its keys (``connection.evicting_policy``), else ""."""
+        if evicting:
+            self.server_evicts(evicting)
         if not limit:
             return
         share = used / limit

@@ -1,8 +1,9 @@
 """Joining a crawl at start-up, and why a worker may refuse to work.
 
 A worker connects, checks the crawl's keys and registers in one step here; what
-goes wrong on the way (Redis unreachable or refusing the password, a key of the
-wrong type, a crawl id that belongs to another spider, a bad setting) is one
+goes wrong on the way (Redis unreachable or refusing the password, a server that
+may evict the crawl's keys, a key of the wrong type, a crawl id that belongs to
+another spider, a bad setting) is one
 :class:`JoinRefused` with a close reason and a one-line message, never a traceback:
 the scheduler logs the line and closes the spider with the reason, and the
 process exits non-zero.
@@ -105,6 +106,7 @@ def join(config: SpineConfig, crawl_id: str, spider: str, worker_id: str) -> Joi
                         holder_timeout_ms=config.worker_timeout_ms, **options)
         if config.shards > 1
         else Frontier(connection.client, keys, worker_id, config.queue_order, **options))
+    _refuse_if_evicting(connection, frontier)
     registration = _register(config, connection, frontier, spider)
     if registration.status == "conflict":
         _refuse(connection, REASON_CONFLICT, (
@@ -156,6 +158,37 @@ def _placed(config: SpineConfig, connection: WorkerConnection, keys: CrawlKeys) 
             "politeness per crawl there: its lanes keep a budget of their own, not shared "
             "with politeness group %r. A new crawl id shares it", keys.crawl_id, keys.group)
     return placed
+
+
+def eviction_refused(where: str, policy: str) -> str:
+    """The one line of a worker that will not work on a server that may evict the
+    crawl's keys (``connection.evicting_policy``), at its join or mid-crawl."""
+    return (f"{where} may delete this crawl's keys to make room: its maxmemory-policy is "
+            f"{policy} and a maxmemory is set, so once full it evicts keys of its choosing "
+            f"(queued requests, leases, the dedup record) and the crawl would lose work "
+            f"without knowing it. Set maxmemory-policy noeviction on that server (or a "
+            f"volatile-* policy: the crawl's keys never expire), or give the crawl a Redis "
+            f"of its own")
+
+
+def _refuse_if_evicting(connection: WorkerConnection, frontier: AnyFrontier) -> None:
+    """Refuse a server that may evict the crawl's keys before registering on it. One
+    that will not say (``INFO`` refused: an ACL without ``@dangerous``, a proxy) is
+    joined, with a line: the memory watch asks the same at each sweep and reports
+    its refusal there."""
+
+    def policy() -> str:
+        try:
+            return frontier.upkeep.memory().evicting
+        except redis.exceptions.ResponseError as exc:
+            logger.info(
+                "redisspine: %s refused INFO memory (%s): whether it may evict the crawl's "
+                "keys is not known", connection.description, exc)
+            return ""
+
+    evicting = _riding(connection, policy)
+    if evicting:
+        _refuse(connection, REASON_CONFIG, eviction_refused(connection.description, evicting))
 
 
 def _register(config: SpineConfig, connection: WorkerConnection, frontier: AnyFrontier,

@@ -101,7 +101,18 @@ def _workers_table(workers: Sequence[dict[str, Any]]) -> list[str]:
     )
 
 
-def _memory(memory: dict[str, int | None]) -> str:
+def _evicting_line(memory: dict[str, Any]) -> list[str]:
+    """A warning when the server may evict the crawl's keys (status.py's
+    ``evicting_policy``): workers refuse to run on it."""
+    policy = memory.get("evicting_policy")
+    if not policy:
+        return []
+    return [f"  warning: Redis's maxmemory-policy is {policy} with a maxmemory set: it may "
+            f"evict this crawl's keys, so workers refuse to run on it. Set "
+            f"maxmemory-policy noeviction (or a volatile-* policy)"]
+
+
+def _memory(memory: dict[str, Any]) -> str:
     used, budget = memory["used_bytes"], memory["budget_bytes"]
     if used is None:
         return "? (INFO is switched off)"
@@ -177,6 +188,7 @@ def render_status(status: dict[str, Any]) -> str:
         f"  dedup {dedup['mode']}: {dedup['set_size']} fingerprints in the SET, "
         f"{dedup['memory_bytes'] if dedup['memory_bytes'] is not None else '?'} bytes",
         f"  Redis memory: {_memory(status['redis_memory'])}",
+        *_evicting_line(status["redis_memory"]),
         *_packed_line(status.get("packed_keys")),
         *_items_line(status["items"]),
         *_losses_and_feed(status["counters"]),

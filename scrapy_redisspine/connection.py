@@ -41,7 +41,7 @@ from scrapy_redisspine.server_binaries import (
 
 if TYPE_CHECKING:
     import os
-    from collections.abc import Iterator
+    from collections.abc import Iterator, Mapping
 
 logger = logging.getLogger(__name__)
 
@@ -178,6 +178,22 @@ def routed_to(client: object, key: str) -> dict[str, Any]:
     if isinstance(client, RedisCluster):
         return {"target_nodes": client.get_node_from_key(key)}  # type: ignore[no-untyped-call]
     return {}
+
+
+def evicting_policy(info: Mapping[str, Any]) -> str:
+    """The ``maxmemory_policy`` of an ``INFO memory`` reply when that server may delete
+    the crawl's keys to make room, else "".
+
+    Why it matters: a server that evicts takes queued requests, leases and the dedup
+    record without a word, and the crawl would then end ``finished`` over work it
+    lost. Only an ``allkeys-*`` policy with a ``maxmemory`` set does: the crawl's keys
+    never expire, so a ``volatile-*`` policy never picks one (it refuses writes, as
+    ``noeviction`` does, which the memory watch handles), and without a limit nothing
+    is evicted. A reply without the fields (a proxy, fakeredis) evicts nothing known."""
+    policy = str(info.get("maxmemory_policy", ""))
+    if policy.startswith("allkeys-") and int(info.get("maxmemory", 0) or 0) > 0:
+        return policy
+    return ""
 
 
 def quiet_redis_debug() -> None:

@@ -14,7 +14,9 @@ sweep for others.
 Each sweep also reads Redis memory: past 90 % of ``maxmemory`` (or of
 ``REDISSPINE_MEMORY_BUDGET_BYTES``) the scheduler stops queueing newly discovered
 requests (start requests, retries and redirects still go in) until memory falls
-below 80 %.
+below 80 %; and a server that may evict the crawl's keys (an ``allkeys-*``
+``maxmemory-policy``, set since the worker joined) stops the worker (the guard's
+``on_evicting``) rather than let the crawl lose work without a word.
 
 The growth of the worker's Scrapy stats goes to the crawl's ``fleet_stats`` HASH
 from an extension of its own (``fleet_totals.FleetTotals``), so that it does not
@@ -50,6 +52,7 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
     from scrapy.statscollectors import StatsCollector
 
+    from scrapy_redisspine._frontier_upkeep import MemoryReading
     from scrapy_redisspine.settings import SpineConfig
 
 logger = logging.getLogger(__name__)
@@ -288,11 +291,13 @@ class Recovery:
         return True
 
     def _watch_memory(self, worker: signals.WorkerView) -> Step:
-        return worker.upkeep.memory, lambda reply: self._memory_read(worker, *reply)
+        return worker.upkeep.memory, lambda reading: self._memory_read(worker, reading)
 
-    def _memory_read(self, worker: signals.WorkerView, used: int, maxmemory: int) -> None:
-        limits = [maxmemory, self.config.memory_budget_bytes]
-        worker.guard.observe_memory(used, min((value for value in limits if value > 0), default=0))
+    def _memory_read(self, worker: signals.WorkerView, reading: MemoryReading) -> None:
+        limits = [reading.maxmemory, self.config.memory_budget_bytes]
+        worker.guard.observe_memory(reading.used,
+                                    min((value for value in limits if value > 0), default=0),
+                                    reading.evicting)
 
 
 class FleetLog:

@@ -43,6 +43,7 @@ from scrapy_redisspine._joining import (
     REASON_CORRUPT,
     REASON_MEMORY,
     JoinRefused,
+    eviction_refused,
     join,
     leave_quietly,
 )
@@ -268,6 +269,7 @@ class Scheduler(BaseScheduler):
                 flush_seconds=config.ack_flush_seconds,
             )
         self.guard.on_crawl_gone = lambda status: self._crawl_gone(Heartbeat(status))
+        self.guard.on_evicting = self._evicting
         self.view = signals.WorkerView(
             self.worker_id, self.frontier.upkeep, self.guard, self.hosts, self.wake,
             self.starts, self.items, self.fleet.close_ordered, self.upkeep_io,
@@ -288,6 +290,15 @@ class Scheduler(BaseScheduler):
             f"request(s), {len(self.outbox)} request(s) and {self.outbox.acks} ack(s) not "
             f"yet sent"
         ))
+
+    def _evicting(self, policy: str) -> None:
+        """A server the crawl lives on may evict its keys (the memory watch: its policy
+        was changed since this worker joined): stop, once, never as "finished". What
+        this worker holds goes back at close: the crawl is in Redis."""
+        if self.refusal.reason is None:
+            self.refusal.refuse(REASON_CONFIG,
+                                eviction_refused(self.connection.description, policy))
+            self.refusal.close_soon()
 
     def close(self, reason: str) -> None:
         if not self._opened:
@@ -314,7 +325,7 @@ class Scheduler(BaseScheduler):
         if self.items is not None and (dropped := self.items.clear()):
             # their leases go back: whoever fetches them again produces them again
             self.stats.inc_value("redisspine/items/unacked_dropped", dropped)
-        if self.refusal.reason in (None, REASON_MEMORY):  # the crawl is in Redis
+        if self.refusal.reason in (None, REASON_MEMORY, REASON_CONFIG):  # the crawl is in Redis
             self.hand_back.hand_back(reason, start_done=start_done)
         else:  # the crawl is gone: any write would start an empty one
             logger.info("redisspine: nothing handed back: the crawl is not in Redis")

@@ -12,7 +12,13 @@ import dataclasses
 import logging
 from typing import TYPE_CHECKING, Any
 
-from scrapy_redisspine._frontier_upkeep import PURGED, SHARDS_LEFT, DeadLetter, FrontierUpkeep
+from scrapy_redisspine._frontier_upkeep import (
+    PURGED,
+    SHARDS_LEFT,
+    DeadLetter,
+    FrontierUpkeep,
+    MemoryReading,
+)
 from scrapy_redisspine._results import Count, SweepResult, UnindexedResult, number
 from scrapy_redisspine.connection import routed_to
 
@@ -228,13 +234,14 @@ class ShardedUpkeep:
     def workers_alive(self, timeout_ms: int) -> int:
         return self.crawl.workers_alive(timeout_ms)
 
-    def memory(self) -> tuple[int, int]:
-        """(used_memory, maxmemory) of the fullest server the crawl lives on: on one
-        server, that server's; on Redis Cluster, of the masters that hold its shards,
-        the one nearest its maxmemory (or the one using most, if none has one)."""
+    def memory(self) -> MemoryReading:
+        """The use and limit of the fullest server the crawl lives on: on one server,
+        that server's; on Redis Cluster, of the masters that hold its shards, the one
+        nearest its maxmemory (or the one using most, if none has one); evicting if
+        any of them may evict the crawl's keys."""
         if not self.keys.cluster:
             return self.crawl.memory()
-        readings = []
+        readings: list[MemoryReading] = []
         seen: set[str] = set()
         for part in (self.crawl, *self.shards):
             node = str(routed_to(self.client, part.keys.queue).get("target_nodes", ""))
@@ -242,8 +249,10 @@ class ShardedUpkeep:
                 continue
             seen.add(node)
             readings.append(part.memory())
-        return max(readings, key=lambda pair: (pair[0] / pair[1] if pair[1] else 0.0,
-                                               pair[0]))
+        fullest = max(readings, key=lambda reading: (
+            reading.used / reading.maxmemory if reading.maxmemory else 0.0, reading.used))
+        evicting = next((reading.evicting for reading in readings if reading.evicting), "")
+        return dataclasses.replace(fullest, evicting=evicting)
 
     def record_progress(self, worker_acks: int, fleet_acks: int) -> None:
         self.crawl.record_progress(worker_acks, fleet_acks)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
-from scrapy_redisspine.connection import PACKED_ENTRIES_MAX, routed_to
+from scrapy_redisspine.connection import PACKED_ENTRIES_MAX, evicting_policy, routed_to
 from scrapy_redisspine.control import read_orders
 from scrapy_redisspine.members import execute_reading_counts, queue_size, read_queue_size
 from scrapy_redisspine.status_eta import LanePace, eta, slowest_lane
@@ -223,17 +223,21 @@ def _kept_totals(raw: bytes | str | None, now_ms: int) -> dict[str, Any]:
             "totals_final": state == "closed"}
 
 
-def _redis_memory(client: redis.Redis, keys: CrawlKeys, budget_bytes: int) -> dict[str, int | None]:
+def _redis_memory(client: redis.Redis, keys: CrawlKeys, budget_bytes: int) -> dict[str, Any]:
     """The server's memory (``INFO memory``: one O(1) command) and the budget the
     workers hold it to: the smaller of ``maxmemory`` and REDISSPINE_MEMORY_BUDGET_BYTES
-    that is set (None: no limit). None for all when INFO is switched off."""
+    that is set (None: no limit); ``evicting_policy``, its maxmemory-policy when it
+    may evict the crawl's keys (workers refuse it), else None. None for all when INFO
+    is switched off."""
     try:
         info = client.info("memory", **routed_to(client, keys.queue))
     except redis.ResponseError:
-        return {"used_bytes": None, "max_bytes": None, "budget_bytes": None}
+        return {"used_bytes": None, "max_bytes": None, "budget_bytes": None,
+                "evicting_policy": None}
     used, maxmemory = int(info.get("used_memory", 0)), int(info.get("maxmemory", 0))
     budget = min((value for value in (maxmemory, budget_bytes) if value > 0), default=None)
-    return {"used_bytes": used, "max_bytes": maxmemory or None, "budget_bytes": budget}
+    return {"used_bytes": used, "max_bytes": maxmemory or None, "budget_bytes": budget,
+            "evicting_policy": evicting_policy(info) or None}
 
 
 _PACKED = frozenset({b"listpack", b"ziplist"})

@@ -130,7 +130,7 @@ def test_the_module_probe_the_memory_and_the_clock_reads_go_to_the_crawls_master
     # Unrouted, redis-py cannot place BF.EXISTS (no module: not in its command table).
     assert has_redisbloom(client, keys.bloom) is False
     frontier = _frontier(client, keys)
-    used, _ = frontier.upkeep.memory()
+    used = frontier.upkeep.memory().used
     crawl_node = cluster.master_of_slot(key_slot(keys.queue.encode()))
     with crawl_node.client() as node:
         assert abs(used - int(node.info("memory")["used_memory"])) < 1_000_000

@@ -24,10 +24,12 @@ from scrapy.utils.test import get_crawler
 from twisted.internet import task
 
 # Private: StubWorker assembles a WorkerView as Scheduler.__init__ does (no public builder).
+from scrapy_redisspine._frontier_upkeep import MemoryReading
 from scrapy_redisspine._guard import RedisGuard
 from scrapy_redisspine._host_policy import HostPolicy
 from scrapy_redisspine._leasebook import LeaseBook
 from scrapy_redisspine._starts import StartRegistry
+from scrapy_redisspine.connection import evicting_policy
 from scrapy_redisspine.extension import Recovery
 from scrapy_redisspine.frontier import (
     Frontier,
@@ -1088,7 +1090,7 @@ class StubUpkeep:
     """The frontier's upkeep calls, as the extension sees them (no Redis)."""
 
     def __init__(self) -> None:
-        self.memory_info: dict[str, int] = {"used_memory": 10, "maxmemory": 0}
+        self.memory_info: dict[str, Any] = {"used_memory": 10, "maxmemory": 0}
         self.error: Exception | None = None
         self.sweeps: list[dict[str, int]] = []
         self.unindexed: list[str] = []
@@ -1098,10 +1100,11 @@ class StubUpkeep:
         self.others: dict[str, StubUpkeep | None] = {}  # the group's other crawls
         self.keys = CrawlKeys("redisspine", "mine")
 
-    def memory(self) -> tuple[int, int]:
+    def memory(self) -> MemoryReading:
         if self.error is not None:
             raise self.error
-        return self.memory_info["used_memory"], self.memory_info["maxmemory"]
+        return MemoryReading(self.memory_info["used_memory"], self.memory_info["maxmemory"],
+                             evicting_policy(self.memory_info))
 
     def requeue_stale(self, **kwargs: int) -> SweepResult:
         self.sweeps.append(kwargs)
@@ -1296,6 +1299,35 @@ class TestRecoveryExtension:
             assert worker.guard.memory_pressure is expected, used
         assert stats.get_value("redisspine/memory/over_budget") == 1
         assert stats.get_value("redisspine/memory/used_share") == 0.9
+
+    @pytest.mark.parametrize(
+        ("policy", "maxmemory", "evicting"),
+        [
+            ("allkeys-lru", 1000, "allkeys-lru"),
+            ("allkeys-lfu", 1000, "allkeys-lfu"),
+            ("allkeys-random", 1000, "allkeys-random"),
+            ("allkeys-lru", 0, ""),  # no limit: nothing is evicted
+            ("volatile-lru", 1000, ""),  # the crawl's keys never expire
+            ("volatile-ttl", 1000, ""),
+            ("noeviction", 1000, ""),
+            (None, 1000, ""),  # a reply without the field
+        ],
+    )
+    def test_the_memory_watch_tells_the_worker_of_a_server_that_may_evict(
+        self, policy: str | None, maxmemory: int, evicting: str
+    ) -> None:
+        clock = FakeClock()
+        recovery, stats = _recovery()
+        worker = StubWorker(clock, recovery)
+        told: list[str] = []
+        worker.guard.on_evicting = told.append
+        worker.upkeep.memory_info = {"used_memory": 10, "maxmemory": maxmemory}
+        if policy is not None:
+            worker.upkeep.memory_info["maxmemory_policy"] = policy
+        clock.advance(30)
+        recovery.sweep()
+        assert told == ([evicting] if evicting else [])
+        assert stats.get_value("redisspine/memory/evicting_policy") == (evicting or None)
 
     def test_a_redis_error_marks_redis_down_and_does_not_raise(self) -> None:
         clock = FakeClock()

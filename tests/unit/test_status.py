@@ -206,6 +206,25 @@ def test_redis_memory_and_the_budget_the_workers_hold_it_to(
     assert "byte budget" in render_status(status)
 
 
+def test_status_warns_of_a_server_that_may_evict_the_crawls_keys(
+    real_redis: redis.Redis, crawl_keys: CrawlKeys
+) -> None:
+    real_redis.sadd(crawl_keys.crawls, crawl_keys.crawl_id)
+    status = read_status(real_redis, crawl_keys)
+    assert status["redis_memory"]["evicting_policy"] is None
+    assert "maxmemory-policy" not in render_status(status)
+    real_redis.config_set("maxmemory", 10**9)
+    real_redis.config_set("maxmemory-policy", "allkeys-lru")
+    try:
+        status = read_status(real_redis, crawl_keys)
+    finally:
+        real_redis.config_set("maxmemory", 0)
+        real_redis.config_set("maxmemory-policy", "noeviction")
+    assert status["redis_memory"]["evicting_policy"] == "allkeys-lru"
+    assert ("  warning: Redis's maxmemory-policy is allkeys-lru with a maxmemory set: it may "
+            "evict this crawl's keys, so workers refuse to run on it" in render_status(status))
+
+
 def _queue_lanes(client: redis.Redis, keys: CrawlKeys, lanes: int) -> None:
     frontier = Frontier(client, keys, "w1", "fifo")
     frontier.register(flush=False, alive_ms=30_000)
