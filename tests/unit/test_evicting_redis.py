@@ -128,8 +128,13 @@ def test_a_policy_set_under_a_running_crawl_stops_the_worker_never_finished(
     assert server_client.hlen(keys.inflight) == 0
 
 
-def test_a_crawl_done_on_a_server_turned_evicting_since_the_last_sweep_is_not_finished(
-    server_client: redis.Redis, redis_url: str, clock: task.Clock,
+@pytest.mark.parametrize(("policy", "refused"), [
+    ("allkeys-random", REASON_CONFIG),  # the server may have evicted work: not done
+    ("volatile-lru", None),  # it never evicts the crawl's keys: done
+])
+def test_the_count_that_says_done_checks_the_policy_set_since_the_last_sweep(
+    server_client: redis.Redis, redis_url: str, clock: task.Clock, policy: str,
+    refused: str | None,
 ) -> None:
     # The memory watch looks at each sweep; keys evicted between two sweeps may be
     # the crawl's last work, so the count that says "done" checks the policy too.
@@ -143,32 +148,13 @@ def test_a_crawl_done_on_a_server_turned_evicting_since_the_last_sweep_is_not_fi
         assert scheduler.outbox.try_flush()  # the ack
         clock.advance(60)  # past the idle poll: the next ask counts again
         server_client.config_set("maxmemory", 500_000_000)
-        server_client.config_set("maxmemory-policy", "allkeys-random")
-        assert scheduler.has_pending_requests(), "not done: the server may have evicted work"
-        assert scheduler.refusal.reason == REASON_CONFIG
-        assert scheduler.has_pending_requests()  # and so it stays until the engine closes
+        server_client.config_set("maxmemory-policy", policy)
+        assert scheduler.has_pending_requests() is (refused is not None)
+        assert scheduler.refusal.reason == refused
+        # and so it stays until the engine closes
+        assert scheduler.has_pending_requests() is (refused is not None)
     finally:
-        scheduler.close("redisspine_config_error")
-
-
-def test_the_same_crawl_on_a_server_that_does_not_evict_is_done(
-    server_client: redis.Redis, redis_url: str, clock: task.Clock,
-) -> None:
-    scheduler = build_scheduler(redis_url, clock, "w1")
-    scheduler.open(SchedSpider())
-    try:
-        server_client.config_set("maxmemory", 500_000_000)
-        server_client.config_set("maxmemory-policy", "volatile-lru")
-        assert scheduler.enqueue_request(Request("http://a.example/"))
-        request = scheduler.next_request()
-        assert request is not None
-        finish(scheduler, request)
-        assert scheduler.outbox.try_flush()
-        clock.advance(60)
-        assert not scheduler.has_pending_requests()
-        assert scheduler.refusal.reason is None
-    finally:
-        scheduler.close("finished")
+        scheduler.close(refused or "finished")
 
 
 def test_a_user_who_may_not_run_info_joins_and_is_told_it_is_not_known(
